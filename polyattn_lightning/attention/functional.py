@@ -1,0 +1,117 @@
+"""``attention()``: the one public entry point; it picks the kernel.
+
+Dispatch, in order:
+
+1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
+2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
+   form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
+3. An activation the Triton kernel knows, on CUDA -> the fused Triton kernel.
+4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .masks import keys_per_row, normalize_masks
+from .registry import ActivationSpec, get_activation
+
+KERNELS = ("auto", "sdpa", "associative", "triton", "blocked", "materialized")
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    activation: ActivationSpec = "softmax",
+    *,
+    scale: float | str | None = None,
+    temperature: float | None = None,
+    key_padding_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    attn_bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    kernel: str = "auto",
+) -> Tensor:
+    """Attention with a registry activation: ``out = phi(S) @ v``, ``S = q k^T * t``.
+
+    Args:
+        q, k, v: ``(B, H, Nq, d)``, ``(B, H, Nk, d)``, ``(B, H, Nk, dv)``.
+        activation: a registry name (``"poly3"``), a mapping ``{name, **options}`` or an ``Activation``.
+        scale: overrides the activation's length scale ``c`` (``"inv_sqrt_n"``, ``"inv_n"``, ``"none"`` or a float).
+        temperature: ``t``; defaults to ``d ** -0.5`` as timm applies it.
+        key_padding_mask: bool ``(B, Nk)``, True = padding.
+        attn_mask: bool (True = attend) or additive float (0 keep, negative mask), broadcastable to ``(B, H, Nq, Nk)``.
+        attn_bias: an additive score bias (e.g. Swin's relative-position bias), added to ``S`` before ``phi``.
+        dropout_p: dropout on ``phi(S)``; pass 0 in eval mode.
+        kernel: force one implementation (see ``KERNELS``); ``auto`` picks the fastest that applies.
+
+    Non-softmax scores and activations are computed in fp32 (also under autocast);
+    the output has the input dtype. A query with no attendable key gets a zero output.
+    """
+    _check_inputs(q, k, v, dropout_p, kernel)
+    act = get_activation(activation, scale=scale)
+    t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
+    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
+    if act.is_softmax:
+        if kernel not in ("auto", "sdpa"):
+            raise ValueError(f"softmax runs only on kernel 'sdpa', not {kernel!r}")
+        return _sdpa(q, k, v, masks, attn_bias, t, dropout_p)
+
+    n = keys_per_row(masks.allowed, k.shape[-2], q.device)
+    if kernel == "auto":
+        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_mask)
+    from . import kernels  # late import: kernels import this module's helpers
+
+    return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {KERNELS}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-D (B, H, N, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "shapes must be q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv); "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str:
+    pairwise_mask = allowed is not None and key_padding_mask is None
+    if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
+        return "associative"
+    from .triton_kernel import triton_supports
+
+    if triton_supports(q, act):
+        return "triton"
+    return "blocked"
+
+
+def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
+    """Softmax on SDPA; rows with no attendable key give zeros instead of NaN."""
+    mask = masks.additive if masks.additive is not None else masks.allowed
+    if attn_bias is not None:
+        bias = attn_bias.to(q.dtype)
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = bias.masked_fill(~mask, float("-inf"))
+        else:
+            mask = bias + mask.to(q.dtype)
+    empty = None
+    if masks.allowed is not None:
+        empty = ~masks.allowed.any(dim=-1, keepdim=True)
+        if bool(empty.any()):  # unmask empty rows so SDPA stays finite, then zero them
+            mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+        else:
+            empty = None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=t
+    )
+    return out.masked_fill(empty, 0.0) if empty is not None else out

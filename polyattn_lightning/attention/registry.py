@@ -1,0 +1,230 @@
+"""The activation registry: every task takes its attention activation from here.
+
+An attention activation replaces softmax with an elementwise map of the scores
+``S = q @ k^T * t``::
+
+    phi(S) = c(n) * f(S + b(n))
+
+where ``n`` is the number of keys a query may attend to (after masking), ``f``
+is an elementwise function with derivative ``f'``, ``c(n)`` is a length scale
+(``1/sqrt(n)`` for the polynomial paper, ``1/n`` for ReLU attention) and
+``b(n)`` a length-dependent shift (``-log n`` for sigmoid attention). Writing
+every activation in this one form lets the blocked and Triton kernels treat
+them all alike: they only need ``f``, ``f'`` and two numbers per query row.
+
+Activations are made by factories registered under a name. A factory takes the
+activation's options (``scale=...`` and so on) as keyword arguments, so a YAML
+config can say ``{name: poly3, scale: 0.0714}``. Families with an integer
+parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+import torch
+from torch import Tensor
+
+ElementwiseFn = Callable[[Tensor], Tensor]
+
+#: The length scales ``c(n)`` known by name; a float is a fixed scale.
+LENGTH_SCALES = ("inv_sqrt_n", "inv_n", "none")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """A resolved attention activation ``phi(S) = c(n) * f(S + b(n))``.
+
+    ``softmax`` is the one non-elementwise activation (``fn`` is None); it is
+    dispatched to PyTorch's fused ``scaled_dot_product_attention``.
+    ``kernel`` names the fused-kernel form (``("poly", 3)``, ``("relu",)``...)
+    for activations the Triton kernel knows; custom activations leave it None
+    and run on the blocked PyTorch kernel.
+    """
+
+    name: str
+    fn: ElementwiseFn | None = None
+    grad: ElementwiseFn | None = None
+    scale: float | str = "none"
+    shift: str | None = None
+    kernel: tuple = field(default=())
+    associative: bool = False
+
+    def __post_init__(self):
+        if self.fn is not None and self.grad is None:
+            raise ValueError(f"activation {self.name!r}: an elementwise activation needs its derivative `grad`")
+        if isinstance(self.scale, str) and self.scale not in LENGTH_SCALES:
+            raise ValueError(
+                f"activation {self.name!r}: unknown scale {self.scale!r}; expected a float or one of {LENGTH_SCALES}"
+            )
+        if isinstance(self.scale, (int, float)) and not (isinstance(self.scale, bool) or self.scale > 0):
+            raise ValueError(f"activation {self.name!r}: scale must be positive, got {self.scale!r}")
+        if self.shift not in (None, "neg_log_n"):
+            raise ValueError(f"activation {self.name!r}: unknown shift {self.shift!r}; expected None or 'neg_log_n'")
+
+    @property
+    def is_softmax(self) -> bool:
+        return self.fn is None
+
+    def row_scale(self, n: Tensor) -> Tensor:
+        """``c(n)`` for a tensor of per-row key counts (fp32)."""
+        if self.scale == "inv_sqrt_n":
+            return n.clamp_min(1).rsqrt()
+        if self.scale == "inv_n":
+            return n.clamp_min(1).reciprocal()
+        value = 1.0 if self.scale == "none" else float(self.scale)
+        return torch.full_like(n, value)
+
+    def row_shift(self, n: Tensor) -> Tensor:
+        """``b(n)`` for a tensor of per-row key counts (fp32)."""
+        if self.shift == "neg_log_n":
+            return -torch.log(n.clamp_min(1))
+        return torch.zeros_like(n)
+
+    def __call__(self, scores: Tensor, n: Tensor | float) -> Tensor:
+        """``phi(S)`` on materialised scores; ``n`` broadcasts against ``scores``."""
+        if self.is_softmax:
+            return scores.softmax(dim=-1)
+        n = torch.as_tensor(n, dtype=torch.float32, device=scores.device)
+        return self.row_scale(n) * self.fn(scores + self.row_shift(n))
+
+    def derivative(self, scores: Tensor, n: Tensor | float) -> Tensor:
+        """``phi'(S)``, elementwise, for the backward kernels and the Jacobian norm."""
+        if self.is_softmax:
+            raise ValueError("softmax is not elementwise; its Jacobian is not phi'(S)")
+        n = torch.as_tensor(n, dtype=torch.float32, device=scores.device)
+        return self.row_scale(n) * self.grad(scores + self.row_shift(n))
+
+
+Factory = Callable[..., Activation]
+_REGISTRY: dict[str, Factory] = {}
+_FAMILIES: dict[str, tuple[re.Pattern, Factory]] = {}
+
+
+def register_activation(name: str, factory: Factory | None = None):
+    """Register an activation factory under ``name``; usable as a decorator.
+
+    A name with ``{p}`` in it is a family with an integer parameter: the
+    factory is called with ``p=<int>`` first, then the options.
+    """
+
+    def add(fn: Factory) -> Factory:
+        if name in _REGISTRY or name in _FAMILIES:
+            raise ValueError(f"activation {name!r} is already registered")
+        if "{p}" in name:
+            pattern = re.compile(re.escape(name).replace(re.escape("{p}"), r"(\d+)") + r"\Z")
+            _FAMILIES[name] = (pattern, fn)
+        else:
+            _REGISTRY[name] = fn
+        return fn
+
+    return add(factory) if factory is not None else add
+
+
+def registered_activations() -> list[str]:
+    """Every registered name and family pattern, sorted."""
+    return sorted([*_REGISTRY, *_FAMILIES])
+
+
+ActivationSpec = Union[str, Mapping[str, Any], Activation]
+
+
+def get_activation(spec: ActivationSpec, **overrides) -> Activation:
+    """Resolve ``"poly3"``, ``{"name": "poly3", "scale": 1/14}`` or an Activation.
+
+    Keyword ``overrides`` (e.g. ``scale=0.07``) are merged into the options; a
+    value of None is ignored so callers can pass optional overrides straight on.
+    """
+    if isinstance(spec, Activation):
+        if any(v is not None for v in overrides.values()):
+            raise ValueError(f"options {sorted(overrides)} cannot be applied to an already built Activation")
+        return spec
+    if isinstance(spec, Mapping):
+        options = dict(spec)
+        if "name" not in options:
+            raise ValueError(f"an activation spec needs a 'name' key, got {dict(spec)!r}")
+        name = options.pop("name")
+    elif isinstance(spec, str):
+        name, options = spec, {}
+    else:
+        raise TypeError(f"activation must be a name, a mapping with 'name', or an Activation; got {type(spec).__name__}")
+    options.update({k: v for k, v in overrides.items() if v is not None})
+
+    if name in _REGISTRY:
+        factory, args = _REGISTRY[name], ()
+    else:
+        for pattern, family_factory in _FAMILIES.values():
+            match = pattern.match(name)
+            if match:
+                factory, args = family_factory, (int(match.group(1)),)
+                break
+        else:
+            raise KeyError(f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}")
+    try:
+        return factory(*args, **options)
+    except TypeError as err:
+        raise ValueError(f"bad options {options!r} for attention activation {name!r}: {err}") from None
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+@register_activation("softmax")
+def softmax() -> Activation:
+    """Standard attention; runs on PyTorch's fused SDPA."""
+    return Activation("softmax")
+
+
+@register_activation("poly{p}")
+def poly(p: int, scale: float | str = "inv_sqrt_n") -> Activation:
+    """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N))."""
+    if p < 1:
+        raise ValueError(f"poly power must be an integer >= 1, got {p}")
+    if p == 1:
+        fn, grad = (lambda s: s), torch.ones_like
+    else:
+        fn, grad = (lambda s: s.pow(p)), (lambda s: p * s.pow(p - 1))
+    return Activation(f"poly{p}", fn, grad, scale=scale, kernel=("poly", p), associative=(p == 1))
+
+
+@register_activation("relu")
+def relu(scale: float | str = "inv_n") -> Activation:
+    """``relu(S) / N`` (Wortsman et al. 2023); a cubic spline per the spline paper."""
+    return Activation("relu", torch.relu, lambda s: (s > 0).to(s.dtype), scale=scale, kernel=("relu",))
+
+
+@register_activation("softplus")
+def softplus(scale: float | str = "inv_n") -> Activation:
+    """``softplus(S) / N``: the smooth form of ReLU attention the spline paper recommends."""
+    return Activation("softplus", torch.nn.functional.softplus, torch.sigmoid, scale=scale, kernel=("softplus",))
+
+
+@register_activation("sigmoid")
+def sigmoid(scale: float | str = "none") -> Activation:
+    """``sigmoid(S - log N)`` (Ramapuram et al. 2024)."""
+
+    def grad(s: Tensor) -> Tensor:
+        sig = torch.sigmoid(s)
+        return sig * (1 - sig)
+
+    return Activation("sigmoid", torch.sigmoid, grad, scale=scale, shift="neg_log_n", kernel=("sigmoid",))
+
+
+def describe(activation: Activation) -> str:
+    """A short human-readable form, e.g. ``poly3[scale=0.0714]``, for logs."""
+    if activation.is_softmax:
+        return "softmax"
+    scale = activation.scale if isinstance(activation.scale, str) else f"{activation.scale:.4g}"
+    return f"{activation.name}[scale={scale}]"
+
+
+__all__ = [
+    "Activation",
+    "ActivationSpec",
+    "LENGTH_SCALES",
+    "describe",
+    "get_activation",
+    "register_activation",
+    "registered_activations",
+]
