@@ -3,7 +3,13 @@
 All take the same normalised arguments: ``act`` (an elementwise Activation),
 ``t`` (temperature), ``allowed`` (bool mask or None), ``bias`` (additive score
 bias or None), ``n`` (keys per row, fp32) and ``dropout_p``. Scores and
-``phi(S)`` are fp32 in every kernel; the output has ``v``'s dtype.
+``phi(S)`` are fp32 in every kernel (fp64 for fp64 inputs); the output has
+``v``'s dtype.
+
+* ``materialized``: the whole ``N x N`` at once; simple, a reference.
+* ``blocked``: tiles, custom backward; CPU and GPU (``blocked.py``).
+* ``associative``: ``poly1`` as ``q (k^T v)`` (``associative.py``).
+* ``triton``: fused CUDA kernel (``triton_kernel.py``).
 """
 from __future__ import annotations
 
@@ -11,22 +17,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .associative import associative
+from .blocked import blocked
+from .triton_kernel import triton_attention
+
 
 def materialized(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
     """The whole ``N x N`` score matrix at once: simplest, for small shapes and as a reference."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     with torch.autocast(q.device.type, enabled=False):
-        s = (q.float() @ k.float().transpose(-2, -1)) * t
+        s = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * t
         if bias is not None:
-            s = s + bias.float()
-        p = act(s, n)
+            s = s + bias.to(dtype)
+        p = act(s, n.to(dtype))
         if allowed is not None:
             p = p.masked_fill(~allowed, 0.0)
         if dropout_p:
             p = F.dropout(p, dropout_p)
-        return (p @ v.float()).to(v.dtype)
+        return (p @ v.to(dtype)).to(v.dtype)
 
 
-_KERNELS = {"materialized": materialized, "blocked": materialized}
+_KERNELS = {
+    "materialized": materialized,
+    "blocked": blocked,
+    "associative": associative,
+    "triton": triton_attention,
+}
 
 
 def run(kernel: str, q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Union
 
 import torch
@@ -86,15 +87,20 @@ class Activation:
         """``phi(S)`` on materialised scores; ``n`` broadcasts against ``scores``."""
         if self.is_softmax:
             return scores.softmax(dim=-1)
-        n = torch.as_tensor(n, dtype=torch.float32, device=scores.device)
+        n = _counts_like(n, scores)
         return self.row_scale(n) * self.fn(scores + self.row_shift(n))
 
     def derivative(self, scores: Tensor, n: Tensor | float) -> Tensor:
         """``phi'(S)``, elementwise, for the backward kernels and the Jacobian norm."""
         if self.is_softmax:
             raise ValueError("softmax is not elementwise; its Jacobian is not phi'(S)")
-        n = torch.as_tensor(n, dtype=torch.float32, device=scores.device)
+        n = _counts_like(n, scores)
         return self.row_scale(n) * self.grad(scores + self.row_shift(n))
+
+
+def _counts_like(n: Tensor | float, scores: Tensor) -> Tensor:
+    """Key counts as a tensor at least fp32, fp64 for fp64 scores (so gradcheck sees no fp32 rounding)."""
+    return torch.as_tensor(n, dtype=torch.promote_types(scores.dtype, torch.float32), device=scores.device)
 
 
 Factory = Callable[..., Activation]
@@ -181,17 +187,14 @@ def poly(p: int, scale: float | str = "inv_sqrt_n") -> Activation:
     """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N))."""
     if p < 1:
         raise ValueError(f"poly power must be an integer >= 1, got {p}")
-    if p == 1:
-        fn, grad = (lambda s: s), torch.ones_like
-    else:
-        fn, grad = (lambda s: s.pow(p)), (lambda s: p * s.pow(p - 1))
+    fn, grad = partial(_power, p=p), partial(_power_grad, p=p)
     return Activation(f"poly{p}", fn, grad, scale=scale, kernel=("poly", p), associative=(p == 1))
 
 
 @register_activation("relu")
 def relu(scale: float | str = "inv_n") -> Activation:
     """``relu(S) / N`` (Wortsman et al. 2023); a cubic spline per the spline paper."""
-    return Activation("relu", torch.relu, lambda s: (s > 0).to(s.dtype), scale=scale, kernel=("relu",))
+    return Activation("relu", torch.relu, _step, scale=scale, kernel=("relu",))
 
 
 @register_activation("softplus")
@@ -203,12 +206,25 @@ def softplus(scale: float | str = "inv_n") -> Activation:
 @register_activation("sigmoid")
 def sigmoid(scale: float | str = "none") -> Activation:
     """``sigmoid(S - log N)`` (Ramapuram et al. 2024)."""
+    return Activation("sigmoid", torch.sigmoid, _sigmoid_grad, scale=scale, shift="neg_log_n", kernel=("sigmoid",))
 
-    def grad(s: Tensor) -> Tensor:
-        sig = torch.sigmoid(s)
-        return sig * (1 - sig)
 
-    return Activation("sigmoid", torch.sigmoid, grad, scale=scale, shift="neg_log_n", kernel=("sigmoid",))
+# Module-level derivatives (not lambdas) so activations, and models holding them, pickle.
+def _power(s: Tensor, p: int) -> Tensor:
+    return s if p == 1 else s.pow(p)
+
+
+def _power_grad(s: Tensor, p: int) -> Tensor:
+    return torch.ones_like(s) if p == 1 else p * s.pow(p - 1)
+
+
+def _step(s: Tensor) -> Tensor:
+    return (s > 0).to(s.dtype)
+
+
+def _sigmoid_grad(s: Tensor) -> Tensor:
+    sig = torch.sigmoid(s)
+    return sig * (1 - sig)
 
 
 def describe(activation: Activation) -> str:

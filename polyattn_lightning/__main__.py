@@ -1,0 +1,4 @@
+"""``python -m polyattn_lightning fit --config ...``"""
+from .cli import main
+
+main()

@@ -1,0 +1,242 @@
+"""Blocked attention in plain PyTorch for any elementwise activation.
+
+The forward walks query blocks x key blocks and never holds the whole
+``Nq x Nk`` score matrix, only one ``(B*H, bq, bk)`` tile. Without softmax
+there is no running max and no rescaling: the partial products of the key
+blocks simply add up. The backward recomputes each tile of ``S``::
+
+    dV = phi(S)^T dO,   dS = phi'(S) * (dO V^T),   dQ = dS K t,   dK = dS^T Q t
+
+Two pieces of bookkeeping keep the tile loop to matmuls plus one or two
+in-place elementwise passes:
+
+* the row scale ``c(n)`` (and the dropout ``1 / (1 - p)``) multiplies rows of
+  ``out`` and ``dO``, never a tile;
+* the temperature ``t`` is folded into ``q`` once; the row shift ``b(n)`` and
+  the score bias are added to the tile in place.
+
+Everything runs in fp32 (fp64 when the inputs are fp64, for gradcheck) with
+autocast off; the output and gradients come back in the inputs' dtypes.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .registry import Activation
+
+#: Score-tile budget in elements (``bb*H*bq*bk``): 256K fp32 elements is 1 MiB, so the
+#: two or three live tiles of the backward stay in the cores' 2 MiB L2 caches
+#: while each matmul stays big enough to run near peak (measured, BENCHMARKS.md).
+TILE_ELEMENTS = 1 << 18
+#: Key blocks cover whole rows up to this many keys (fewer, larger matmuls).
+MAX_KEY_BLOCK = 2048
+
+
+def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int = TILE_ELEMENTS) -> tuple[int, int, int]:
+    """``(bb, bq, bk)`` batch, query and key block sizes: whole key rows first, then query rows, then batches."""
+    batch, heads, nq, nk = shape4
+    bk = min(nk, MAX_KEY_BLOCK)
+    bq = min(nq, max(16, tile_elements // (heads * bk)))
+    bb = min(batch, max(1, tile_elements // (heads * bq * bk)))
+    return bb, bq, bk
+
+
+# --------------------------------------------------------------------------- activation on a tile
+
+
+def phi_(z: Tensor, act: Activation) -> Tensor:
+    """``f(z)`` on a score tile that the caller owns; in place for the built-in forms."""
+    kind = act.kernel
+    if kind[:1] == ("poly",):
+        return z if kind[1] == 1 else z.pow_(kind[1])
+    if kind == ("relu",):
+        return z.relu_()
+    if kind == ("sigmoid",):
+        return z.sigmoid_()
+    return act.fn(z)
+
+
+def phi_and_grad_(z: Tensor, act: Activation) -> tuple[Tensor, Tensor | None]:
+    """``(f(z), f'(z))`` on an owned tile, sharing work between the two where the form allows.
+
+    ``f'`` is None where it is identically 1 (``poly1``).
+    """
+    kind = act.kernel
+    if kind[:1] == ("poly",):
+        p = kind[1]
+        if p == 1:
+            return z, None
+        grad = z.pow(p - 1)
+        return z.mul_(grad), grad.mul_(p)
+    if kind == ("sigmoid",):
+        f = z.sigmoid_()
+        return f, f - f * f
+    return act.fn(z), act.grad(z)
+
+
+# --------------------------------------------------------------------------- the tile walk
+
+
+class _Tiles(NamedTuple):
+    """Per-call constants of the tile walk, shared by forward and backward.
+
+    A tile covers ``bb`` whole batch entries (all heads), ``bq`` queries and
+    ``bk`` keys. Operands live as ``(B*H, N, d)``, so a batch block is a
+    contiguous range of their first dimension; masks and bias keep their
+    broadcastable 4-D shapes and are sliced along the dimensions they have.
+    """
+
+    shape4: tuple[int, int, int, int]  # (B, H, Nq, Nk)
+    block: tuple[int, int, int]  # (bb, bq, bk)
+    row_shift: Tensor | None  # b(n), broadcastable to (B, H, Nq, 1); None when zero
+    blocked: Tensor | None  # ~allowed, broadcastable to (B, H, Nq, Nk)
+    bias: Tensor | None
+    dropout_p: float
+    seed: int
+
+    def blocks(self):
+        """Yield ``(index, (batch, rows, cols))`` in a fixed order, so dropout can be replayed."""
+        (batch, _, nq, nk), (bb, bq, bk) = self.shape4, self.block
+        grid = [(b, r, c) for b in range(0, batch, bb) for r in range(0, nq, bq) for c in range(0, nk, bk)]
+        for index, (b, r, c) in enumerate(grid):
+            yield index, (slice(b, b + bb), slice(r, r + bq), slice(c, c + bk))
+
+    def heads(self, where) -> slice:
+        """The ``(B*H, ...)`` first-dimension range of a batch block."""
+        h = self.shape4[1]
+        return slice(where[0].start * h, min(where[0].stop, self.shape4[0]) * h)
+
+    def scores(self, q_t: Tensor, k: Tensor, where) -> Tensor:
+        """``S + b(n) + bias`` for one tile, as a fresh ``(bb*H, bq, bk)`` tensor."""
+        bh, rows, cols = self.heads(where), where[1], where[2]
+        z = torch.bmm(q_t[bh, rows], k[bh, cols].transpose(1, 2))
+        z4 = self.view4(z)
+        for extra in (self._sliced(self.row_shift, where), self._sliced(self.bias, where)):
+            if extra is not None:
+                z4.add_(extra)
+        return z
+
+    def mask_(self, tile: Tensor, index: int, where) -> Tensor:
+        """Zero the disallowed pairs of a tile and apply this tile's dropout draw, in place."""
+        blocked = self._sliced(self.blocked, where)
+        if blocked is not None:
+            self.view4(tile).masked_fill_(blocked, 0.0)
+        if self.dropout_p:
+            generator = torch.Generator(tile.device).manual_seed(self.seed + index)
+            tile.mul_(torch.empty_like(tile).bernoulli_(1.0 - self.dropout_p, generator=generator))
+        return tile
+
+    def view4(self, tile: Tensor) -> Tensor:
+        return tile.view(-1, self.shape4[1], tile.shape[1], tile.shape[2])
+
+    @staticmethod
+    def _sliced(t: Tensor | None, where) -> Tensor | None:
+        """``t[where]`` along the dimensions ``t`` does not broadcast (size > 1)."""
+        if t is None:
+            return None
+        batch, rows, cols = where
+        return t[
+            batch if t.shape[0] > 1 else slice(None),
+            :,
+            rows if t.shape[2] > 1 else slice(None),
+            cols if t.shape[3] > 1 else slice(None),
+        ]
+
+
+def _add_product(dst: Tensor, a: Tensor, b: Tensor) -> None:
+    """``dst += a @ b`` (batched); in place when ``dst`` is contiguous, else through a temporary.
+
+    ``baddbmm_`` into a strided view falls back to one ``addmm_`` per batch entry.
+    """
+    if dst.is_contiguous():
+        dst.baddbmm_(a, b)
+    else:
+        dst.add_(torch.bmm(a, b))
+
+
+def _as_4d(x: Tensor) -> Tensor:
+    """Left-pad a broadcastable mask or bias to 4 dimensions."""
+    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
+
+
+def _as_bh(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(B, H, N, d)`` -> contiguous ``(B*H, N, d)`` in the compute dtype."""
+    return x.to(dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class BlockedAttention(torch.autograd.Function):
+    """``out = c(n) * mask(f(S + b(n) + bias)) @ v``, computed and differentiated tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float, tile_elements: int):
+        shape4 = (*q.shape[:3], k.shape[-2])
+        dtype = _compute_dtype(q)
+        with torch.autocast(q.device.type, enabled=False):
+            n = n.to(dtype)
+            row_scale = act.row_scale(n) / (1.0 - dropout_p)
+            tiles = _Tiles(
+                shape4,
+                block_sizes(shape4, tile_elements),
+                _as_4d(act.row_shift(n)) if act.shift else None,
+                None if allowed is None else _as_4d(~allowed),
+                None if bias is None else _as_4d(bias.detach().to(dtype)),
+                dropout_p,
+                int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0,
+            )
+            q_t, k3, v3 = _as_bh(q, dtype) * t, _as_bh(k, dtype), _as_bh(v, dtype)
+            out = torch.zeros(*q_t.shape[:2], v.shape[-1], dtype=dtype, device=q.device)
+            for index, where in tiles.blocks():
+                p = tiles.mask_(phi_(tiles.scores(q_t, k3, where), act), index, where)
+                bh = tiles.heads(where)
+                _add_product(out[bh, where[1]], p, v3[bh, where[2]])
+            out = (out.view(*shape4[:3], -1) * row_scale).to(v.dtype)
+        ctx.save_for_backward(q, k, v, bias, row_scale)
+        ctx.act, ctx.t, ctx.tiles = act, t, tiles
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, row_scale = ctx.saved_tensors
+        act, t, tiles = ctx.act, ctx.t, ctx.tiles
+        dtype = row_scale.dtype
+        with torch.autocast(q.device.type, enabled=False):
+            q_t, k3, v3 = _as_bh(q, dtype) * t, _as_bh(k, dtype), _as_bh(v, dtype)
+            do = _as_bh(grad_out.to(dtype) * row_scale, dtype)  # c(n) folded into dO
+            dq, dk, dv = torch.zeros_like(q_t), torch.zeros_like(k3), torch.zeros_like(v3)
+            want_bias = bias is not None and ctx.needs_input_grad[3]
+            dbias = torch.zeros_like(tiles.bias) if want_bias else None
+            for index, where in tiles.blocks():
+                bh, rows, cols = tiles.heads(where), where[1], where[2]
+                f, grad = phi_and_grad_(tiles.scores(q_t, k3, where), act)
+                _add_product(dv[bh, cols], tiles.mask_(f, index, where).transpose(1, 2), do[bh, rows])
+                ds = torch.bmm(do[bh, rows], v3[bh, cols].transpose(1, 2))
+                ds = tiles.mask_(ds if grad is None else ds.mul_(grad), index, where)
+                _add_product(dq[bh, rows], ds, k3[bh, cols])
+                _add_product(dk[bh, cols], ds.transpose(1, 2), q_t[bh, rows])
+                if want_bias:
+                    _accumulate_bias_grad(dbias, tiles.view4(ds), where)
+            grads = (
+                dq.mul_(t).view(q.shape).to(q.dtype),
+                dk.view(k.shape).to(k.dtype),
+                dv.view(v.shape).to(v.dtype),
+                dbias.reshape(bias.shape).to(bias.dtype) if want_bias else None,
+            )
+        return (*grads, None, None, None, None, None, None)
+
+
+def _accumulate_bias_grad(dbias: Tensor, ds4: Tensor, where) -> None:
+    """Add a tile's ``dS`` into ``dbias``, summed over the dimensions the bias broadcasts along."""
+    broadcast = [dim for dim in range(4) if dbias.shape[dim] == 1 and ds4.shape[dim] > 1]
+    _Tiles._sliced(dbias, where).add_(ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4)
+
+
+def blocked(q, k, v, act, t, allowed, bias, n, dropout_p, tile_elements: int | None = None) -> Tensor:
+    """The blocked kernel with ``kernels.run``'s signature; ``tile_elements`` overrides ``TILE_ELEMENTS``."""
+    return BlockedAttention.apply(q, k, v, bias, act, t, allowed, n, dropout_p, tile_elements or TILE_ELEMENTS)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m polyattn_lightning.bench attention``."""

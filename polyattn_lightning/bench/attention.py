@@ -1,0 +1,238 @@
+"""Attention benchmark: every activation and kernel against SDPA softmax, same shapes, same run.
+
+``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5] [--json out.json]``
+
+Time: after one warm-up call per case, the cases run round-robin ``repeats``
+times (forward, then forward+backward) and each reports its median. Running
+them interleaved rather than one after the other keeps the ratios honest on a
+shared machine whose load drifts.
+
+Memory: one forward+backward per case under ``torch.profiler`` with
+``profile_memory=True``; replaying its allocator events in time order gives the
+peak of bytes allocated during the step on top of what was allocated before it
+(the inputs are excluded; outputs, saved tensors, tiles and gradients count).
+The allocator's own accounting, unlike process RSS, does not depend on what
+the C allocator caches, so the small-tensor kernels are not lost in noise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
+
+from ..attention import attention
+
+#: Named shapes (B, H, N, d).
+SHAPES = {
+    "vit-s": (32, 6, 197, 64),
+    "lra": (4, 2, 1024, 32),
+    "4k": (2, 2, 4096, 32),
+    "16k": (1, 2, 16384, 32),
+}
+BASELINE = "softmax/sdpa"
+
+
+def naive_poly3(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Textbook ``x^3 / sqrt(N)`` attention: the whole ``S`` and autograd's saved copies of it."""
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return (s**3 * k.shape[-2] ** -0.5) @ v
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    fn: Callable[[Tensor, Tensor, Tensor], Tensor]
+    max_n: int | None = None  # skipped above this length (N x N tensors would not fit)
+
+
+def _kernel(activation: str, kernel: str) -> Case:
+    return Case(f"{activation}/{kernel}", partial(attention, activation=activation, kernel=kernel))
+
+
+CASES = [
+    _kernel("softmax", "sdpa"),
+    _kernel("poly3", "blocked"),
+    Case("poly3/naive", naive_poly3, max_n=4096),
+    _kernel("poly1", "associative"),
+    _kernel("poly1", "blocked"),
+    _kernel("relu", "blocked"),
+    _kernel("softplus", "blocked"),
+    _kernel("sigmoid", "blocked"),
+]
+
+
+def _inputs(shape: tuple[int, int, int, int], seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v, grad = (torch.randn(shape, generator=generator) for _ in range(4))
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
+
+
+def _step(case: Case, q: Tensor, k: Tensor, v: Tensor, grad: Tensor | None) -> None:
+    """One forward, plus a backward when ``grad`` is given; gradients start unallocated, as after zero_grad."""
+    q.grad = k.grad = v.grad = None
+    out = case.fn(q, k, v)
+    if grad is not None:
+        out.backward(grad)
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_cases(cases: list[Case], inputs, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds per call, ``{label: {"fwd": [...], "fwd_bwd": [...]}}``, cases interleaved round-robin."""
+    q, k, v, grad = inputs
+    samples = {case.label: {"fwd": [], "fwd_bwd": []} for case in cases}
+    for case in cases:  # warm-up: first-call allocations and library initialisation
+        _step(case, q, k, v, grad)
+    for _ in range(repeats):
+        for case in cases:
+            samples[case.label]["fwd"].append(_timed(partial(_step, case, q, k, v, None)))
+            samples[case.label]["fwd_bwd"].append(_timed(partial(_step, case, q, k, v, grad)))
+    return samples
+
+
+def peak_bytes(case: Case, inputs) -> int:
+    """Peak bytes allocated during one forward+backward, above the allocation level before it."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _step(case, *inputs)
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    level = peak = 0
+    for event in events:
+        level += event.nbytes()
+        peak = max(peak, level)
+    return peak
+
+
+def run_shape(name: str, shape, cases: list[Case], repeats: int, memory: bool) -> dict:
+    cases = [c for c in cases if c.max_n is None or shape[2] <= c.max_n]
+    inputs = _inputs(shape)
+    samples = time_cases(cases, inputs, repeats)
+    result = {"shape": dict(zip("BHNd", shape)), "cases": {}}
+    for case in cases:
+        entry = {f"{kind}_s": statistics.median(times) for kind, times in samples[case.label].items()}
+        entry["samples_s"] = samples[case.label]
+        if memory:
+            entry["peak_bytes"] = peak_bytes(case, inputs)
+        result["cases"][case.label] = entry
+    base = result["cases"][BASELINE]
+    for entry in result["cases"].values():
+        entry["ratio"] = {key: entry[key] / base[key] for key in ("fwd_s", "fwd_bwd_s", "peak_bytes") if key in entry}
+    return result
+
+
+def check_targets(results: dict[str, dict]) -> list[dict]:
+    """The issue's targets, each with the measured value and whether it was met."""
+    checks = []
+    for name, result in results.items():
+        cases, n = result["cases"], result["shape"]["N"]
+        if "poly3/blocked" in cases:
+            limit = 1.0 if n >= 1024 else 1.3
+            value = cases["poly3/blocked"]["ratio"]["fwd_bwd_s"]
+            checks.append({"target": f"poly3 fwd+bwd time / SDPA at {name} <= {limit}", "value": value, "met": value <= limit})
+        if n == 16384 and "peak_bytes" in cases.get("poly3/blocked", {}):
+            value = cases["poly3/blocked"]["ratio"]["peak_bytes"]
+            checks.append({"target": f"poly3 fwd+bwd peak memory / SDPA at {name} <= 2", "value": value, "met": value <= 2})
+        if n == 4096 and {"poly1/associative", "poly1/blocked"} <= cases.keys():
+            value = cases["poly1/blocked"]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
+            checks.append({"target": f"poly1 associative speed-up over quadratic (fwd+bwd) at {name} >= 50", "value": value, "met": value >= 50})
+    return checks
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """Ratios to SDPA softmax: forward time, forward+backward time, peak memory; one column group per shape."""
+    names = list(results)
+    labels = list(dict.fromkeys(label for r in results.values() for label in r["cases"]))
+    header = "| case | " + " | ".join(f"{n} fwd | {n} fwd+bwd | {n} mem" for n in names) + " |"
+    lines = [header, "|" + "---|" * (1 + 3 * len(names))]
+    for label in labels:
+        cells = []
+        for name in names:
+            ratio = results[name]["cases"].get(label, {}).get("ratio", {})
+            cells += [f"{ratio[key]:.2f}" if key in ratio else "-" for key in ("fwd_s", "fwd_bwd_s", "peak_bytes")]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    base = [
+        f"{name}: {results[name]['cases'][BASELINE]['fwd_s'] * 1e3:.1f} / {results[name]['cases'][BASELINE]['fwd_bwd_s'] * 1e3:.1f} ms"
+        + (f", {results[name]['cases'][BASELINE]['peak_bytes'] / 2**20:.1f} MiB" if "peak_bytes" in results[name]["cases"][BASELINE] else "")
+        for name in names
+    ]
+    lines.append("")
+    lines.append("SDPA softmax absolute (fwd / fwd+bwd, peak): " + "; ".join(base))
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": model,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average": os.getloadavg(),
+    }
+
+
+def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in text.split(","):
+        if item in SHAPES:
+            shapes[item] = SHAPES[item]
+        else:
+            dims = tuple(int(x) for x in item.split("x"))
+            if len(dims) != 4:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: expected one of {sorted(SHAPES)} or BxHxNxd")
+            shapes[item] = dims
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", type=_parse_shapes, default=dict(SHAPES), help="comma list of names (%(default)s) or BxHxNxd")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
+    parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")
+    parser.add_argument("--json", default=None, help="write the full results here")
+    args = parser.parse_args(argv)
+
+    cases = CASES
+    if args.cases:
+        wanted = set(args.cases.split(",")) | {BASELINE}
+        unknown = wanted - {c.label for c in CASES}
+        if unknown:
+            parser.error(f"unknown cases {sorted(unknown)}; known: {[c.label for c in CASES]}")
+        cases = [c for c in CASES if c.label in wanted]
+
+    results = {}
+    for name, shape in args.shapes.items():
+        print(f"running {name} {shape} ...", file=sys.stderr, flush=True)
+        results[name] = run_shape(name, shape, cases, args.repeats, memory=not args.no_memory)
+    checks = check_targets(results)
+    print(format_table(results))
+    for check in checks:
+        print(f"{'MET ' if check['met'] else 'MISS'} {check['target']}: {check['value']:.2f}")
+    if args.json:
+        report = {"command": " ".join(sys.argv), "machine": machine(), "results": results, "targets": checks}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0

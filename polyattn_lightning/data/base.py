@@ -1,0 +1,108 @@
+"""The one place where this project's DataModules make their DataLoaders.
+
+Every image DataModule subclasses :class:`ImageDataModule` and only says how to
+build its datasets; loader settings (workers, pinned memory, persistent
+workers, dropping the last ragged training batch for Mixup) live here, so a
+change to how loaders are made (samplers, resumable loaders) is made once.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import lightning.pytorch as pl
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+
+class CorruptImageError(RuntimeError):
+    """An image file that PIL cannot decode; the message names the file."""
+
+
+def read_rgb(path: str | Path) -> Image.Image:
+    """Decode an image as RGB, or raise :class:`CorruptImageError` naming the file.
+
+    ``convert`` forces the full decode here, so a truncated file fails on this
+    line rather than deep inside a transform.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except OSError as err:  # PIL's UnidentifiedImageError and truncated-file errors are OSErrors
+        raise CorruptImageError(f"cannot read image {path}: {err}") from err
+
+
+class ImageList(Dataset):
+    """``(path, label)`` pairs read with :func:`read_rgb` and a transform."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform=None):
+        self.samples = list(samples)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        image = read_rgb(path)
+        return (self.transform(image) if self.transform else image), label
+
+
+def require_dir(path: Path, layout: str) -> Path:
+    """``path`` if it is a non-empty directory, else an error naming it and the expected layout."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"data directory {path} does not exist; expected layout:\n{layout}")
+    if not any(path.iterdir()):
+        raise FileNotFoundError(f"data directory {path} is empty; expected layout:\n{layout}")
+    return path
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """Base for image-classification DataModules.
+
+    Subclasses set ``self.train_set``, ``self.val_set`` (and optionally
+    ``self.test_set``; the validation split is used otherwise) in ``setup`` and
+    report ``num_classes``, which the task checks against its model.
+    """
+
+    num_classes: int
+
+    def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
+        """
+        Args:
+            batch_size: per-device batch size (the task scales the learning rate by the global batch).
+            num_workers: loader worker processes per device; workers persist across epochs.
+            pin_memory: page-locked host memory for faster host-to-GPU copies.
+        """
+        super().__init__()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train,  # Mixup needs even, full batches
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set or self.val_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set or self.val_set, train=False)

@@ -1,0 +1,58 @@
+"""Tiny-ImageNet (200 classes, 64x64) in the layout its zip file unpacks to."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+from .base import require_dir
+from .image_folder import ImageFolderDataModule, Samples
+from .transforms import AugmentRecipe
+
+
+class TinyImageNetDataModule(ImageFolderDataModule):
+    """Tiny-ImageNet: train images per wnid folder, val labels in ``val_annotations.txt``.
+
+    Classes are the sorted wnids, the order ImageFolder would give. The official
+    test split has no labels, so validation doubles as the test split.
+    """
+
+    layout = (
+        "<root>/wnids.txt (one wnid per line), <root>/train/<wnid>/images/*.JPEG, "
+        "<root>/val/images/*.JPEG and <root>/val/val_annotations.txt (<file>\\t<wnid>\\t...)"
+    )
+
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 64,
+        augment: AugmentRecipe = AugmentRecipe(),
+        batch_size: int = 128,
+        num_workers: int = 8,
+        pin_memory: bool = True,
+    ):
+        super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory)
+
+    def find_samples(self, root: Path) -> tuple[list[str], Samples, Samples]:
+        wnids_file = root / "wnids.txt"
+        annotations = root / "val" / "val_annotations.txt"
+        for required in (wnids_file, annotations):
+            if not required.is_file():
+                raise FileNotFoundError(f"missing {required}; expected layout:\n{self.layout}")
+        classes = sorted(wnids_file.read_text().split())
+        class_to_idx = {wnid: i for i, wnid in enumerate(classes)}
+        try:
+            train = make_dataset(require_dir(root / "train", self.layout), class_to_idx, extensions=IMG_EXTENSIONS)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{root}: {err}; expected layout:\n{self.layout}") from None
+        val = []
+        for line_no, line in enumerate(annotations.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            name, wnid = line.split("\t")[:2]
+            if wnid not in class_to_idx:
+                raise ValueError(f"{annotations}:{line_no}: wnid {wnid!r} is not in {wnids_file}")
+            val.append((str(root / "val" / "images" / name), class_to_idx[wnid]))
+        if not val:
+            raise FileNotFoundError(f"{annotations} lists no images; expected layout:\n{self.layout}")
+        return classes, train, val

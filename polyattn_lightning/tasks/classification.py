@@ -1,0 +1,154 @@
+"""Image classification with a timm model whose attention comes from the registry."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from ..attention import ActivationSpec
+from ..attention.timm_patch import set_attention
+from .models import create_timm_model
+from .optim import OptimRecipe, build_optimizer, build_scheduler, global_batch_size
+
+
+@dataclass
+class MixupRecipe:
+    """Mixup/CutMix and label smoothing, as timm's ``Mixup`` takes them; all off by default."""
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    mode: str = "batch"
+    label_smoothing: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass
+class Recipe:
+    """The training recipe: optimizer and schedule, batch mixing, stochastic depth."""
+
+    optim: OptimRecipe = field(default_factory=OptimRecipe)
+    mixup: MixupRecipe = field(default_factory=MixupRecipe)
+    drop_path_rate: float = 0.0
+
+
+class ClassificationModule(pl.LightningModule):
+    """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation."""
+
+    def __init__(
+        self,
+        model_name: str,
+        num_classes: int,
+        attention: ActivationSpec = "softmax",
+        img_size: int | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        recipe: Recipe = Recipe(),
+    ):
+        """
+        Args:
+            model_name: a timm model name, e.g. ``vit_small_patch16_224``.
+            num_classes: classifier outputs; must match the data.
+            attention: registry activation for every attention layer, e.g. ``poly3`` or
+                ``{name: poly3, scale: 0.0714}``; ``softmax`` keeps timm's behaviour.
+            img_size: input side, for models that take one (ViT, Swin, XCiT).
+            model_kwargs: further ``timm.create_model`` arguments (``patch_size``, ``depth``, ``embed_dim``...).
+            pretrained: a local weight file or Hugging Face cache directory to start from; never downloaded.
+            recipe: optimizer, schedule, Mixup/CutMix, label smoothing and drop path.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.num_classes = num_classes
+        self.recipe = recipe
+        self.model = create_timm_model(
+            model_name, num_classes, img_size, recipe.drop_path_rate, pretrained, **(model_kwargs or {})
+        )
+        set_attention(self.model, attention)  # softmax too, so every model takes the registry path
+
+        mix = recipe.mixup
+        self.mixup = (
+            Mixup(
+                mixup_alpha=mix.mixup_alpha,
+                cutmix_alpha=mix.cutmix_alpha,
+                prob=mix.prob,
+                switch_prob=mix.switch_prob,
+                mode=mix.mode,
+                label_smoothing=mix.label_smoothing,
+                num_classes=num_classes,
+            )
+            if mix.enabled
+            else None
+        )
+        self.train_loss = SoftTargetCrossEntropy() if mix.enabled else nn.CrossEntropyLoss(label_smoothing=mix.label_smoothing)
+        metrics = MetricCollection(
+            {
+                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+            }
+        )
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def setup(self, stage: str) -> None:
+        """Fail before any step if the model's class count disagrees with the data's."""
+        datamodule = self.trainer.datamodule
+        data_classes = getattr(datamodule, "num_classes", None)
+        if data_classes is not None and data_classes != self.num_classes:
+            raise ValueError(
+                f"model num_classes={self.num_classes} but {type(datamodule).__name__} has {data_classes} classes; "
+                f"set model.init_args.num_classes: {data_classes}"
+            )
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, targets = batch
+        if self.mixup is not None:
+            images, targets = self.mixup(images, targets)
+        loss = self.train_loss(self(images), targets)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Class probabilities."""
+        return self(batch[0]).softmax(dim=-1)
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> None:
+        images, targets = batch
+        logits = self(images)
+        self.log(f"{stage}/loss", nn.functional.cross_entropy(logits, targets), sync_dist=True)
+        metrics.update(logits, targets)
+        # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        trainer = self.trainer
+        total_steps = trainer.estimated_stepping_batches  # also sets up the train loader read below
+        lr = self.recipe.optim.scaled_lr(global_batch_size(trainer, trainer.train_dataloader.batch_size))
+        optimizer = build_optimizer(self.model, self.recipe.optim, lr)
+        steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        scheduler = build_scheduler(optimizer, self.recipe.optim, total_steps, steps_per_epoch)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        """timm schedulers are set from the update count, which also makes resuming exact."""
+        scheduler.step_update(num_updates=self.global_step)
