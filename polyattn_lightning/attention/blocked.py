@@ -59,18 +59,26 @@ def phi_(z: Tensor, act: Activation) -> Tensor:
     return act.fn(z)
 
 
-def phi_and_grad_(z: Tensor, act: Activation) -> tuple[Tensor, Tensor | None]:
-    """``(f(z), f'(z))`` on an owned tile, sharing work between the two where the form allows.
+def grad_gain(act: Activation) -> float:
+    """The constant factor of ``f'`` that ``phi_and_grad_`` leaves out (``p`` for ``z^p``).
 
-    ``f'`` is None where it is identically 1 (``poly1``).
+    It is applied once to the final gradients instead of to every tile.
+    """
+    return float(act.kernel[1]) if act.kernel[:1] == ("poly",) else 1.0
+
+
+def phi_and_grad_(z: Tensor, act: Activation) -> tuple[Tensor, Tensor | None]:
+    """``(f(z), f'(z) / grad_gain)`` from a tile the caller owns (it is overwritten).
+
+    The derivative is None where it is identically 1 (``poly1``).
     """
     kind = act.kernel
     if kind[:1] == ("poly",):
         p = kind[1]
         if p == 1:
             return z, None
-        grad = z.pow(p - 1)
-        return z.mul_(grad), grad.mul_(p)
+        f = torch.pow(z, p)
+        return f, (z if p == 2 else z.pow_(p - 1))
     if kind == ("sigmoid",):
         f = z.sigmoid_()
         return f, f - f * f
@@ -222,11 +230,12 @@ class BlockedAttention(torch.autograd.Function):
                 _add_product(dk[bh, cols], ds.transpose(1, 2), q_t[bh, rows])
                 if want_bias:
                     _accumulate_bias_grad(dbias, tiles.view4(ds), where)
+            gain = grad_gain(act)
             grads = (
-                dq.mul_(t).view(q.shape).to(q.dtype),
-                dk.view(k.shape).to(k.dtype),
+                dq.mul_(t * gain).view(q.shape).to(q.dtype),
+                dk.mul_(gain).view(k.shape).to(k.dtype),
                 dv.view(v.shape).to(v.dtype),
-                dbias.reshape(bias.shape).to(bias.dtype) if want_bias else None,
+                dbias.mul_(gain).reshape(bias.shape).to(bias.dtype) if want_bias else None,
             )
         return (*grads, None, None, None, None, None, None)
 

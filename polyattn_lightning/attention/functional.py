@@ -5,7 +5,8 @@ Dispatch, in order:
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
-3. An activation the Triton kernel knows, on CUDA -> the fused Triton kernel.
+3. An activation the Triton kernel knows, on CUDA, with no bias or dropout
+   -> the fused Triton kernel.
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
         return "associative"
     from .triton_kernel import triton_supports
 
-    if triton_supports(q, act):
+    if attn_bias is None and dropout_p == 0.0 and triton_supports(q, act):  # the fused kernel has neither
         return "triton"
     return "blocked"
 

@@ -1,10 +1,258 @@
-"""Fused Triton attention kernel for elementwise activations (CUDA)."""
+"""Fused Triton attention for the built-in elementwise activations (CUDA).
+
+One program holds a block of queries (or, in the key/value backward, a block
+of keys) and walks the other side block by block; ``S``, ``phi(S)`` and
+``phi'(S)`` live only in fp32 registers, never in memory. No softmax means no
+running max and no row statistics: the forward simply adds key blocks, and the
+backward needs no ``rowsum(dO * O)`` term. The backward is two kernels, one
+accumulating ``dK, dV`` per key block and one ``dQ`` per query block, so no
+atomics are needed.
+
+Supported: ``poly{p}``, ``relu``, ``softplus``, ``sigmoid`` (an Activation's
+``kernel`` form), fp16 / bf16 / fp32 operands, any boolean ``allowed`` mask
+(key padding or pairwise, read through broadcast strides), ragged lengths and
+``Nq != Nk``. Not supported, so ``attention()`` falls back to the blocked
+kernel: ``attn_bias`` and ``dropout_p > 0``.
+
+Precision: ``q k^T`` runs on the operands' dtype with fp32 accumulation. The
+other products take bf16 operands for bf16 inputs and fp32 otherwise: fp16's
+range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``). fp32
+products use TF32 only if ``torch.backends.cuda.matmul.allow_tf32`` says so.
+
+Tested here only under ``TRITON_INTERPRET=1`` (the CPU interpreter), against
+the reference; the block sizes and warp counts have not been tuned on a GPU.
+The interpreter multiplies bf16 as raw integers, so under it bf16 products
+run on fp32 operands (bf16 loads, stores and casts are still exercised).
+"""
 from __future__ import annotations
 
+import os
 
-def triton_supports(q, act) -> bool:
-    return False
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the blocked kernel runs instead
+    triton = None
+
+#: Activation forms the kernel knows, by ``Activation.kernel[0]``.
+FORMS = {"poly": 0, "relu": 1, "softplus": 2, "sigmoid": 3}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p):
-    raise NotImplementedError
+def interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1``, where Triton runs kernels on CPU tensors (for tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_supports(q: Tensor, act) -> bool:
+    """Whether ``attention()`` should use this kernel: Triton importable, a known form, a supported dtype,
+    and CUDA tensors (or CPU tensors under the interpreter)."""
+    return (
+        triton is not None
+        and (q.is_cuda or interpreting())
+        and act.kernel[:1] in {(name,) for name in FORMS}
+        and q.dtype in _DTYPES
+        and q.shape[-1] <= 256
+    )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _phi(z, FORM: tl.constexpr, POWER: tl.constexpr):
+        if FORM == 0:
+            f = z
+            for _ in tl.static_range(POWER - 1):
+                f = f * z
+        elif FORM == 1:
+            f = tl.maximum(z, 0.0)
+        elif FORM == 2:  # softplus, stable for large |z|
+            f = tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+        else:
+            f = 1.0 / (1.0 + tl.exp(-z))
+        return f
+
+    @triton.jit
+    def _dphi(z, FORM: tl.constexpr, POWER: tl.constexpr):
+        if FORM == 0:
+            g = z * 0.0 + POWER
+            for _ in tl.static_range(POWER - 1):
+                g = g * z
+        elif FORM == 1:
+            g = tl.where(z > 0, 1.0, 0.0)
+        elif FORM == 2:
+            g = 1.0 / (1.0 + tl.exp(-z))
+        else:
+            s = 1.0 / (1.0 + tl.exp(-z))
+            g = s * (1.0 - s)
+        return g
+
+    @triton.jit
+    def _mm(a, b, OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+        """``a @ b`` with both operands cast to ``OPERAND``, accumulated in fp32."""
+        return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
+
+    @triton.jit
+    def _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k,
+                HAS_MASK: tl.constexpr, QK: tl.constexpr, PRECISION: tl.constexpr):
+        """``z = S + b(n)`` for a (queries x keys) block and whether each pair counts."""
+        z = _mm(q, tl.trans(k), QK, PRECISION) * t + shift[:, None]
+        valid = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
+        if HAS_MASK:
+            allowed = tl.load(mask_base + offs_m[:, None] * sm_q + offs_n[None, :] * sm_k, mask=valid, other=0)
+            valid = valid & (allowed != 0)
+        return z, valid
+
+    @triton.jit
+    def _load_rows(ptr, offs, n, offs_d, d):
+        """Rows ``offs`` (< n) of a contiguous ``(N, d)`` matrix, zero-padded to the block."""
+        return tl.load(ptr + offs[:, None] * d + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < d), other=0.0)
+
+    @triton.jit
+    def _forward(Q, K, V, Out, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
+                 FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
+                 PV: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        pid, bh = tl.program_id(0), tl.program_id(1)
+        offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+        q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
+        c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        mask_base = Mask + (bh // H) * sm_b + (bh % H) * sm_h
+        acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
+        for start in range(0, Nk, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            k = _load_rows(K + bh * Nk * D, offs_n, Nk, offs_d, D)
+            v = _load_rows(V + bh * Nk * DV, offs_n, Nk, offs_dv, DV)
+            z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
+            p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
+            acc += _mm(p, v, PV, PRECISION)
+        out_ptrs = Out + bh * Nq * DV + offs_m[:, None] * DV + offs_dv[None, :]
+        tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < DV))
+
+    @triton.jit
+    def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
+                     FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
+                     PV: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """Per key block: ``dV = sum_q (c phi)^T dO``, ``dK = t sum_q dS^T Q``."""
+        pid, bh = tl.program_id(0), tl.program_id(1)
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+        k = _load_rows(K + bh * Nk * D, offs_n, Nk, offs_d, D)
+        v = _load_rows(V + bh * Nk * DV, offs_n, Nk, offs_dv, DV)
+        mask_base = Mask + (bh // H) * sm_b + (bh % H) * sm_h
+        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
+        for start in range(0, Nq, BLOCK_M):
+            offs_m = start + tl.arange(0, BLOCK_M)
+            q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
+            do = _load_rows(DO + bh * Nq * DV, offs_m, Nq, offs_dv, DV).to(tl.float32)
+            c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+            shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+            z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
+            do_c = do * c[:, None]
+            p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
+            ds = tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
+            dv += _mm(tl.trans(p), do_c, PV, PRECISION)
+            dk += _mm(tl.trans(ds), q, PV, PRECISION)
+        keep = offs_n[:, None] < Nk
+        tl.store(DK + bh * Nk * D + offs_n[:, None] * D + offs_d[None, :], (dk * t).to(DK.dtype.element_ty), mask=keep & (offs_d[None, :] < D))
+        tl.store(DV_ + bh * Nk * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=keep & (offs_dv[None, :] < DV))
+
+    @triton.jit
+    def _backward_q(Q, K, V, DO, DQ, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
+                    FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
+                    PV: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """Per query block: ``dQ = t sum_k dS K`` with ``dS = phi'(z) * (c dO V^T)``."""
+        pid, bh = tl.program_id(0), tl.program_id(1)
+        offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+        q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
+        c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        do_c = _load_rows(DO + bh * Nq * DV, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
+        mask_base = Mask + (bh // H) * sm_b + (bh % H) * sm_h
+        dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for start in range(0, Nk, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            k = _load_rows(K + bh * Nk * D, offs_n, Nk, offs_d, D)
+            v = _load_rows(V + bh * Nk * DV, offs_n, Nk, offs_dv, DV)
+            z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
+            ds = tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
+            dq += _mm(ds, k, PV, PRECISION)
+        out_ptrs = DQ + bh * Nq * D + offs_m[:, None] * D + offs_d[None, :]
+        tl.store(out_ptrs, (dq * t).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+
+
+BLOCK_M = BLOCK_N = 64
+
+
+class TritonAttention(torch.autograd.Function):
+    """Launches the three kernels; operands are flattened to contiguous ``(B*H, N, d)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, act, t: float, allowed, n):
+        B, H, nq, d = q.shape
+        nk, dv = k.shape[-2], v.shape[-1]
+        dtype = q.dtype
+        q3, k3, v3 = (x.to(dtype).reshape(B * H, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+        c, shift = (_per_row(x, B, H, nq) for x in (act.row_scale(n), act.row_shift(n)))
+        mask = None if allowed is None else allowed.to(torch.uint8).expand(B, H, nq, nk)
+        # runtime arguments after the tensors, then the compile-time ones, shared by all three kernels
+        ctx.args = (q3 if mask is None else mask, float(t), nq, nk, H, d, dv, *(mask.stride() if mask is not None else (0,) * 4))
+        ctx.meta = dict(
+            FORM=FORMS[act.kernel[0]], POWER=act.kernel[1] if act.kernel[0] == "poly" else 1,
+            HAS_MASK=mask is not None,
+            QK=_tl_dtype(dtype), PV=_tl_dtype(torch.bfloat16 if dtype == torch.bfloat16 else torch.float32),
+            PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+        )
+        out = torch.empty(B * H, nq, dv, dtype=dtype, device=q.device)
+        _forward[(triton.cdiv(nq, BLOCK_M), B * H)](q3, k3, v3, out, c, shift, *ctx.args, **ctx.meta)
+        ctx.save_for_backward(q3, k3, v3, c, shift)
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        return out.view(B, H, nq, dv)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3, c, shift = ctx.saved_tensors
+        do = grad_out.to(q3.dtype).reshape(q3.shape[0], q3.shape[1], -1).contiguous()
+        dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+        bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
+        _backward_kv[(triton.cdiv(nk, BLOCK_N), bh)](q3, k3, v3, do, dk, dv, c, shift, *ctx.args, **ctx.meta)
+        _backward_q[(triton.cdiv(nq, BLOCK_M), bh)](q3, k3, v3, do, dq, c, shift, *ctx.args, **ctx.meta)
+        q_shape, k_shape, v_shape = ctx.shapes
+        return dq.view(q_shape), dk.view(k_shape), dv.view(v_shape), None, None, None, None
+
+
+def _per_row(x: Tensor, B: int, H: int, nq: int) -> Tensor:
+    """A per-row quantity broadcastable to ``(B, H, Nq, 1)`` as a contiguous fp32 ``(B*H, Nq)``."""
+    return x.float().expand(B, H, nq, 1).reshape(B * H, nq).contiguous()
+
+
+def _tl_dtype(dtype: torch.dtype):
+    """Operand dtype of the products; the interpreter multiplies bf16 as raw integers, so it gets fp32."""
+    if dtype == torch.bfloat16 and interpreting():
+        return tl.float32
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
+
+
+def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
+    """``kernels.run`` signature; ``attn_bias`` and dropout are not supported here (use ``blocked``)."""
+    if triton is None:
+        raise RuntimeError("the triton kernel needs the `triton` package")
+    if bias is not None or dropout_p:
+        raise ValueError("the triton kernel supports neither attn_bias nor dropout; use kernel='blocked'")
+    if not triton_supports(q, act):
+        raise ValueError(
+            f"the triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), fp16/bf16/fp32 and a built-in "
+            f"activation; got {q.device} {q.dtype} {act.name!r}"
+        )
+    return TritonAttention.apply(q, k, v, act, t, allowed, n)

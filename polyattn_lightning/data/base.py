@@ -14,6 +14,8 @@ import lightning.pytorch as pl
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from .resumable import ResumableDataLoader, eval_sampler
+
 
 class CorruptImageError(RuntimeError):
     """An image file that PIL cannot decode; the message names the file."""
@@ -85,10 +87,13 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
-        return DataLoader(
+        # training resumes mid-epoch; evaluation counts every sample once under DDP
+        loader_class = ResumableDataLoader if train else DataLoader
+        return loader_class(
             dataset,
             batch_size=self.batch_size,
             shuffle=train,
+            sampler=None if train else eval_sampler(dataset, self.trainer),
             drop_last=train,  # Mixup needs even, full batches
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,

@@ -1,0 +1,76 @@
+"""A tiny classification setup shared by the cluster tests and the DDP worker script.
+
+A 2-block ViT on 8x8 scikit-learn digits: a real model, real data and the real
+trainer plumbing (checkpoint IO, callbacks, loaders), a few milliseconds a step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
+
+from polyattn_lightning.checkpoint import SafeCheckpointIO
+from polyattn_lightning.data import DigitsDataModule
+from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe, Recipe
+
+
+def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any = "poly3") -> ClassificationModule:
+    """ViT, 16 tokens of dim 32, 2 blocks; ``mixup`` and ``drop_path`` make training draw random numbers."""
+    mix = MixupRecipe(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1) if mixup else MixupRecipe()
+    optim = OptimRecipe(lr=1e-3, reference_batch=None, warmup_epochs=0.5, min_lr=1e-5)
+    return ClassificationModule(
+        model_name="vit_tiny_patch16_224",
+        num_classes=10,
+        attention=attention,
+        img_size=8,
+        model_kwargs={"patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2},
+        recipe=Recipe(optim=optim, mixup=mix, drop_path_rate=drop_path),
+    )
+
+
+def digits(batch_size: int, val_fraction: float = 0.2) -> DigitsDataModule:
+    return DigitsDataModule(img_size=8, batch_size=batch_size, val_fraction=val_fraction, num_workers=0)
+
+
+def cpu_trainer(**overrides: Any) -> pl.Trainer:
+    """A quiet, deterministic CPU trainer with the project's checkpoint IO; ``overrides`` win."""
+    settings: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        plugins=[SafeCheckpointIO()],
+    )
+    settings.update(overrides)
+    return pl.Trainer(**settings)
+
+
+class MemoryLogger(Logger):
+    """Keeps every logged value as ``{name: {step: value}}``: the loss curve a resumed run must reproduce."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, dict[int, float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.history.setdefault(key, {})[step] = value

@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny image data sets written to disk as real JPEG files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+CLASSES = ("n01443537", "n01629819", "n01641577")  # Tiny-ImageNet style wnids, also used as folder names
+
+
+def write_jpeg(path: Path, seed: int, size: int = 24) -> Path:
+    """A random-noise RGB JPEG; its mean colour depends on ``seed`` so files differ."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, format="JPEG")
+    return path
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """ImageNet-style ``train/<class>/*.JPEG`` (4 per class) and ``val/<class>/*.JPEG`` (2 per class)."""
+    root = tmp_path / "imagenet"
+    for label, name in enumerate(CLASSES):
+        for i in range(4):
+            write_jpeg(root / "train" / name / f"{name}_{i}.JPEG", seed=10 * label + i)
+        for i in range(2):
+            write_jpeg(root / "val" / name / f"ILSVRC2012_val_{label}{i}.JPEG", seed=100 + 10 * label + i)
+    return root
+
+
+@pytest.fixture
+def tiny_imagenet(tmp_path: Path) -> Path:
+    """Tiny-ImageNet's layout: wnids.txt, train/<wnid>/images/*.JPEG, val/images + val_annotations.txt."""
+    root = tmp_path / "tiny-imagenet-200"
+    root.mkdir()
+    (root / "wnids.txt").write_text("\n".join(reversed(CLASSES)) + "\n")  # not sorted, as in the real file
+    annotations = []
+    for label, wnid in enumerate(CLASSES):
+        for i in range(4):
+            write_jpeg(root / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", seed=10 * label + i, size=64)
+        (root / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
+        for i in range(2):
+            name = f"val_{2 * label + i}.JPEG"
+            write_jpeg(root / "val" / "images" / name, seed=100 + 10 * label + i, size=64)
+            annotations.append(f"{name}\t{wnid}\t0\t0\t63\t63")
+    (root / "val" / "val_annotations.txt").write_text("\n".join(annotations) + "\n")
+    return root
