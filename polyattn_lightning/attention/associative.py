@@ -22,9 +22,9 @@ def associative(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
         raise ValueError("the associative kernel supports only a key-padding mask, not a pairwise attn_mask")
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     with torch.autocast(q.device.type, enabled=False):
-        k, v = k.to(dtype), v.to(dtype)
+        keys = k.to(dtype)
         if allowed is not None:
-            k = k * allowed.transpose(-2, -1)  # (B?, 1, Nk, 1): padded keys contribute nothing
-        kv = k.transpose(-2, -1) @ v  # (B, H, d, dv)
+            keys = keys * allowed.transpose(-2, -1)  # (B?, 1, Nk, 1): padded keys contribute nothing
+        kv = keys.transpose(-2, -1) @ v.to(dtype)  # (B, H, d, dv)
         out = (q.to(dtype) * t) @ kv
         return (out * act.row_scale(n.to(dtype))).to(v.dtype)

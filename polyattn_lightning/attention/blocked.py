@@ -1,7 +1,7 @@
 """Blocked attention in plain PyTorch for any elementwise activation.
 
-The forward walks query blocks x key blocks and never holds the whole
-``Nq x Nk`` score matrix, only one ``(B*H, bq, bk)`` tile. Without softmax
+The forward walks batch x query x key blocks and never holds the whole
+``Nq x Nk`` score matrix, only ``(bb*H, bq, bk)`` tiles of it. Without softmax
 there is no running max and no rescaling: the partial products of the key
 blocks simply add up. The backward recomputes each tile of ``S``::
 
@@ -35,7 +35,7 @@ TILE_ELEMENTS = 1 << 18
 MAX_KEY_BLOCK = 2048
 
 
-def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int = TILE_ELEMENTS) -> tuple[int, int, int]:
+def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int) -> tuple[int, int, int]:
     """``(bb, bq, bk)`` batch, query and key block sizes: whole key rows first, then query rows, then batches."""
     batch, heads, nq, nk = shape4
     bk = min(nk, MAX_KEY_BLOCK)
@@ -117,10 +117,10 @@ class _Tiles(NamedTuple):
         h = self.shape4[1]
         return slice(where[0].start * h, min(where[0].stop, self.shape4[0]) * h)
 
-    def scores(self, q_t: Tensor, k: Tensor, where) -> Tensor:
-        """``S + b(n) + bias`` for one tile, as a fresh ``(bb*H, bq, bk)`` tensor."""
+    def scores(self, q_t: Tensor, k_t: Tensor, where) -> Tensor:
+        """``S + b(n) + bias`` for one tile, as a fresh ``(bb*H, bq, bk)`` tensor; ``k_t`` is ``(B*H, d, Nk)``."""
         bh, rows, cols = self.heads(where), where[1], where[2]
-        z = torch.bmm(q_t[bh, rows], k[bh, cols].transpose(1, 2))
+        z = torch.bmm(q_t[bh, rows], k_t[bh, :, cols])
         z4 = self.view4(z)
         for extra in (self._sliced(self.row_shift, where), self._sliced(self.bias, where)):
             if extra is not None:
@@ -175,6 +175,11 @@ def _as_bh(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
 
 
+def _transposed(x: Tensor) -> Tensor:
+    """``(B*H, N, d)`` -> contiguous ``(B*H, d, N)``: MKL multiplies untransposed operands faster."""
+    return x.transpose(1, 2).contiguous()
+
+
 def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -198,10 +203,10 @@ class BlockedAttention(torch.autograd.Function):
                 dropout_p,
                 int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0,
             )
-            q_t, k3, v3 = _as_bh(q, dtype) * t, _as_bh(k, dtype), _as_bh(v, dtype)
+            q_t, k_t, v3 = _as_bh(q, dtype) * t, _transposed(_as_bh(k, dtype)), _as_bh(v, dtype)
             out = torch.zeros(*q_t.shape[:2], v.shape[-1], dtype=dtype, device=q.device)
             for index, where in tiles.blocks():
-                p = tiles.mask_(phi_(tiles.scores(q_t, k3, where), act), index, where)
+                p = tiles.mask_(phi_(tiles.scores(q_t, k_t, where), act), index, where)
                 bh = tiles.heads(where)
                 _add_product(out[bh, where[1]], p, v3[bh, where[2]])
             out = (out.view(*shape4[:3], -1) * row_scale).to(v.dtype)
@@ -215,26 +220,29 @@ class BlockedAttention(torch.autograd.Function):
         act, t, tiles = ctx.act, ctx.t, ctx.tiles
         dtype = row_scale.dtype
         with torch.autocast(q.device.type, enabled=False):
-            q_t, k3, v3 = _as_bh(q, dtype) * t, _as_bh(k, dtype), _as_bh(v, dtype)
+            # Operands in both layouts, so that no product needs a transposed tile;
+            # dK and dV accumulate transposed, (B*H, d, Nk).
+            q_t, k3 = _as_bh(q, dtype) * t, _as_bh(k, dtype)
             do = _as_bh(grad_out.to(dtype) * row_scale, dtype)  # c(n) folded into dO
-            dq, dk, dv = torch.zeros_like(q_t), torch.zeros_like(k3), torch.zeros_like(v3)
+            q_tt, k_t, v_t, do_t = _transposed(q_t), _transposed(k3), _transposed(_as_bh(v, dtype)), _transposed(do)
+            dq, dk_t, dv_t = torch.zeros_like(q_t), torch.zeros_like(k_t), torch.zeros_like(v_t)
             want_bias = bias is not None and ctx.needs_input_grad[3]
             dbias = torch.zeros_like(tiles.bias) if want_bias else None
             for index, where in tiles.blocks():
                 bh, rows, cols = tiles.heads(where), where[1], where[2]
-                f, grad = phi_and_grad_(tiles.scores(q_t, k3, where), act)
-                _add_product(dv[bh, cols], tiles.mask_(f, index, where).transpose(1, 2), do[bh, rows])
-                ds = torch.bmm(do[bh, rows], v3[bh, cols].transpose(1, 2))
+                f, grad = phi_and_grad_(tiles.scores(q_t, k_t, where), act)
+                _add_product(dv_t[bh, :, cols], do_t[bh, :, rows], tiles.mask_(f, index, where))
+                ds = torch.bmm(do[bh, rows], v_t[bh, :, cols])
                 ds = tiles.mask_(ds if grad is None else ds.mul_(grad), index, where)
                 _add_product(dq[bh, rows], ds, k3[bh, cols])
-                _add_product(dk[bh, cols], ds.transpose(1, 2), q_t[bh, rows])
+                _add_product(dk_t[bh, :, cols], q_tt[bh, :, rows], ds)
                 if want_bias:
                     _accumulate_bias_grad(dbias, tiles.view4(ds), where)
             gain = grad_gain(act)
             grads = (
                 dq.mul_(t * gain).view(q.shape).to(q.dtype),
-                dk.mul_(gain).view(k.shape).to(k.dtype),
-                dv.view(v.shape).to(v.dtype),
+                dk_t.mul_(gain).transpose(1, 2).reshape(k.shape).to(k.dtype),
+                dv_t.transpose(1, 2).reshape(v.shape).to(v.dtype),
                 dbias.mul_(gain).reshape(bias.shape).to(bias.dtype) if want_bias else None,
             )
         return (*grads, None, None, None, None, None, None)

@@ -112,16 +112,31 @@ if triton is not None:
         return tl.load(ptr + offs[:, None] * d + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < d), other=0.0)
 
     @triton.jit
+    def _store_rows(ptr, x, offs, n, offs_d, d):
+        tl.store(ptr + offs[:, None] * d + offs_d[None, :], x.to(ptr.dtype.element_ty), mask=(offs[:, None] < n) & (offs_d[None, :] < d))
+
+    @triton.jit
+    def _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D):
+        """A block of queries with their row scale ``c`` and row shift ``b``."""
+        rows_ok = offs_m < Nq
+        q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
+        return q, tl.load(C + bh * Nq + offs_m, mask=rows_ok, other=0.0), tl.load(Shift + bh * Nq + offs_m, mask=rows_ok, other=0.0)
+
+    @triton.jit
+    def _score_grad(z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr):
+        """``dS = phi'(z) * (c dO V^T)``, zero on pairs that do not count."""
+        return tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
+
+    @triton.jit
     def _forward(Q, K, V, Out, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
                  FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
                  PV: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """Per query block: ``out = sum_k c phi(z) V``."""
         pid, bh = tl.program_id(0), tl.program_id(1)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
-        c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
-        shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
         mask_base = Mask + (bh // H) * sm_b + (bh % H) * sm_h
         acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
         for start in range(0, Nk, BLOCK_N):
@@ -131,15 +146,14 @@ if triton is not None:
             z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
             acc += _mm(p, v, PV, PRECISION)
-        out_ptrs = Out + bh * Nq * DV + offs_m[:, None] * DV + offs_dv[None, :]
-        tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < DV))
+        _store_rows(Out + bh * Nq * DV, acc, offs_m, Nq, offs_dv, DV)
 
     @triton.jit
     def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
                      FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
                      PV: tl.constexpr, PRECISION: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """Per key block: ``dV = sum_q (c phi)^T dO``, ``dK = t sum_q dS^T Q``."""
+        """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
         pid, bh = tl.program_id(0), tl.program_id(1)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -150,32 +164,25 @@ if triton is not None:
         dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
         for start in range(0, Nq, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
-            do = _load_rows(DO + bh * Nq * DV, offs_m, Nq, offs_dv, DV).to(tl.float32)
-            c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
-            shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+            q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
+            do_c = _load_rows(DO + bh * Nq * DV, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
             z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
-            do_c = do * c[:, None]
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
-            ds = tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
             dv += _mm(tl.trans(p), do_c, PV, PRECISION)
-            dk += _mm(tl.trans(ds), q, PV, PRECISION)
-        keep = offs_n[:, None] < Nk
-        tl.store(DK + bh * Nk * D + offs_n[:, None] * D + offs_d[None, :], (dk * t).to(DK.dtype.element_ty), mask=keep & (offs_d[None, :] < D))
-        tl.store(DV_ + bh * Nk * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=keep & (offs_dv[None, :] < DV))
+            dk += _mm(tl.trans(_score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION)), q, PV, PRECISION)
+        _store_rows(DK + bh * Nk * D, dk * t, offs_n, Nk, offs_d, D)
+        _store_rows(DV_ + bh * Nk * DV, dv, offs_n, Nk, offs_dv, DV)
 
     @triton.jit
     def _backward_q(Q, K, V, DO, DQ, C, Shift, Mask, t, Nq, Nk, H, D, DV, sm_b, sm_h, sm_q, sm_k,
                     FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, QK: tl.constexpr,
                     PV: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """Per query block: ``dQ = t sum_k dS K`` with ``dS = phi'(z) * (c dO V^T)``."""
+        """Per query block: ``dQ = t sum_k dS K``."""
         pid, bh = tl.program_id(0), tl.program_id(1)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
-        c = tl.load(C + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
-        shift = tl.load(Shift + bh * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+        q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
         do_c = _load_rows(DO + bh * Nq * DV, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
         mask_base = Mask + (bh // H) * sm_b + (bh % H) * sm_h
         dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -184,10 +191,8 @@ if triton is not None:
             k = _load_rows(K + bh * Nk * D, offs_n, Nk, offs_d, D)
             v = _load_rows(V + bh * Nk * DV, offs_n, Nk, offs_dv, DV)
             z, valid = _scores(q, k, t, shift, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, HAS_MASK, QK, PRECISION)
-            ds = tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
-            dq += _mm(ds, k, PV, PRECISION)
-        out_ptrs = DQ + bh * Nq * D + offs_m[:, None] * D + offs_d[None, :]
-        tl.store(out_ptrs, (dq * t).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < D))
+            dq += _mm(_score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION), k, PV, PRECISION)
+        _store_rows(DQ + bh * Nq * D, dq * t, offs_m, Nq, offs_d, D)
 
 
 BLOCK_M = BLOCK_N = 64

@@ -1,5 +1,5 @@
 """Task-agnostic callbacks for long cluster runs; importing this package makes their short names usable in YAML."""
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
-from .rng_state import RNGStateCheckpoint
+from .resume import ExactResume
 
-__all__ = ["NonFiniteLossError", "NonFiniteLossGuard", "RNGStateCheckpoint"]
+__all__ = ["ExactResume", "NonFiniteLossError", "NonFiniteLossGuard"]

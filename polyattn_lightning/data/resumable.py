@@ -68,7 +68,7 @@ class ResumableDataLoader(DataLoader):
     With ``shuffle=True`` the order is an :class:`EpochShuffleSampler`'s. Worker
     seeds are drawn from the loader's own generator, reseeded each epoch, so
     iterating never consumes the global RNG (which a resumed run restores, see
-    :class:`~polyattn_lightning.callbacks.RNGStateCheckpoint`).
+    :class:`~polyattn_lightning.callbacks.ExactResume`).
 
     With ``num_workers=0`` a resumed run is bitwise identical to an
     uninterrupted one. With workers, the order is still exact but random

@@ -15,7 +15,7 @@ import torch
 from cluster_harness import MemoryLogger, cpu_trainer, digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 
-from polyattn_lightning.callbacks import RNGStateCheckpoint
+from polyattn_lightning.callbacks import ExactResume
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3
 
@@ -59,7 +59,7 @@ def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None) -> d
         log_every_n_steps=1,
         logger=logger,
         enable_checkpointing=True,
-        callbacks=[ema, RNGStateCheckpoint(), record, KillAt(kill_at), checkpoint],
+        callbacks=[ema, ExactResume(), record, KillAt(kill_at), checkpoint],
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*dataloader is not resumable.*")

@@ -1,4 +1,4 @@
-"""Random number generator states in checkpoints, per rank, so a resumed run draws what the original drew."""
+"""What a Lightning checkpoint lacks for an exact resume: RNG states, and (a Lightning bug) the loader position."""
 from __future__ import annotations
 
 import random
@@ -9,10 +9,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 
-#: The checkpoint key: a list of state dicts indexed by global rank.
-CHECKPOINT_KEY = "rng_states"
+from ..data.resumable import ResumableDataLoader
+
+#: The checkpoint key: a list of RNG state dicts indexed by global rank.
+RNG_KEY = "rng_states"
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -38,19 +40,25 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-class RNGStateCheckpoint(Callback):
-    """Saves every rank's RNG states in each checkpoint and restores them when a resumed fit starts.
+class ExactResume(Callback):
+    """Makes a resumed fit continue exactly where the checkpoint was taken.
 
-    Lightning's checkpoints hold no RNG state, so after a resume dropout, drop
-    path, Mixup/CutMix and in-process augmentations draw differently from an
-    uninterrupted run. The states are restored in ``on_train_start``: after the
-    sanity check, right before the first batch is drawn, which is where the
-    original run stood when it saved. Resuming on another number of ranks
-    restores nothing (with a warning).
+    * RNG states: Lightning's checkpoints hold none, so after a resume dropout,
+      drop path, Mixup/CutMix and in-process augmentations would draw
+      differently. Every rank's states are saved under ``checkpoint["rng_states"]``.
+    * Loader position: Lightning saves a :class:`ResumableDataLoader`'s state but
+      does not hand it back when ``configure_optimizers`` asked for
+      ``trainer.estimated_stepping_batches`` (Lightning issue #20550), so the
+      interrupted epoch would start over. This callback hands it back.
+
+    Both are restored in ``on_train_start``: after the sanity check, before the
+    first batch is drawn, which is where the original run stood when it saved.
+    Resuming on another number of ranks restores no RNG state (with a warning).
     """
 
     def __init__(self) -> None:
-        self._pending: list[dict[str, Any]] | None = None
+        self._rng_states: list[dict[str, Any]] | None = None
+        self._loader_states: list[dict[str, Any]] = []
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         state = capture_rng_state()
@@ -59,13 +67,16 @@ class RNGStateCheckpoint(Callback):
             dist.all_gather_object(states, state)  # every rank saves; only rank 0 writes the file
         else:
             states = [state]
-        checkpoint[CHECKPOINT_KEY] = states
+        checkpoint[RNG_KEY] = states
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._pending = checkpoint.get(CHECKPOINT_KEY)
+        self._rng_states = checkpoint.get(RNG_KEY)
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        states, self._pending = self._pending, None
+        self._restore_loader_position(trainer)
+        states, self._rng_states = self._rng_states, None
         if states is None:
             return
         if len(states) != trainer.world_size:
@@ -75,3 +86,13 @@ class RNGStateCheckpoint(Callback):
             )
             return
         restore_rng_state(states[trainer.global_rank])
+
+    def _restore_loader_position(self, trainer: pl.Trainer) -> None:
+        states, self._loader_states = self._loader_states, []
+        # Lightning saves the states of the loaders with state_dict(), in CombinedLoader's flattened order
+        stateful = [dl for dl in CombinedLoader(trainer.train_dataloader).flattened if hasattr(dl, "state_dict")]
+        if len(stateful) != len(states):
+            return
+        for loader, state in zip(stateful, states):
+            if isinstance(loader, ResumableDataLoader):  # it starts iterating lazily, so a late load is in time
+                loader.load_state_dict(state)

@@ -1,0 +1,186 @@
+"""The non-softmax kernels against the plain-PyTorch reference: values, gradients, masks, dtypes, dropout."""
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_reference import ELEMENTWISE, make_qkv, reference_attention
+
+from polyattn_lightning.attention import attention, blocked, get_activation
+from polyattn_lightning.attention.functional import _pick_kernel
+
+QUADRATIC = ["materialized", "blocked"]
+
+
+def _grads(out, inputs):
+    """Gradients of a fixed, non-trivial function of ``out`` (not just its sum)."""
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+    return torch.autograd.grad((out * weight).sum(), inputs)
+
+
+def assert_matches_reference_attention(out, expected, inputs):
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 3 keys and >= 16 queries, so shapes below span several ragged blocks."""
+    monkeypatch.setattr(blocked, "MAX_KEY_BLOCK", 3)
+    monkeypatch.setattr(blocked, "TILE_ELEMENTS", 64)
+
+
+@pytest.mark.parametrize("kernel", QUADRATIC)
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_each_activation_matches_reference(name, kernel):
+    q, k, v = make_qkv()
+    assert_matches_reference_attention(attention(q, k, v, name, kernel=kernel), reference_attention(q, k, v, name), (q, k, v))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_blocked_with_ragged_blocks_and_nq_ne_nk(name, small_tiles):
+    q, k, v = make_qkv(B=2, H=2, Nq=37, Nk=10)  # 37 = 2 x 16 + 5 queries, 10 = 3 x 3 + 1 keys per tile
+    assert blocked.block_sizes((2, 2, 37, 10), blocked.TILE_ELEMENTS) == (1, 16, 3)
+    keep = torch.rand(2, 1, 37, 10, generator=torch.Generator().manual_seed(1)) > 0.3
+    bias = torch.randn(2, 37, 10, dtype=q.dtype, requires_grad=True)
+    out = attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="blocked")
+    assert_matches_reference_attention(out, reference_attention(q, k, v, name, keep=keep, bias=bias), (q, k, v, bias))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_gradcheck_blocked(name, small_tiles):
+    q, k, v = make_qkv(B=1, H=2, Nq=17, Nk=5, d=3, dv=2)
+    keep = torch.tensor([True, True, False, True, True])
+    bias = torch.randn(2, 17, 5, dtype=torch.float64, requires_grad=True)
+
+    def fn(q, k, v, bias):
+        return attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="blocked")
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+@pytest.mark.parametrize("kernel", ["associative", *QUADRATIC])
+def test_poly1_with_key_padding_on_every_kernel(kernel):
+    q, k, v = make_qkv(Nq=6, Nk=8)
+    padding = torch.zeros(2, 8, dtype=torch.bool)
+    padding[0, 5:] = True
+    out = attention(q, k, v, "poly1", key_padding_mask=padding, kernel=kernel)
+    keep = ~padding[:, None, None, :]
+    assert_matches_reference_attention(out, reference_attention(q, k, v, "poly1", keep=keep), (q, k, v))
+
+
+def test_associative_rejects_what_it_cannot_do():
+    q, k, v = make_qkv()
+    with pytest.raises(ValueError, match="attn_mask"):
+        attention(q, k, v, "poly1", attn_mask=torch.ones(9, 11, dtype=torch.bool), kernel="associative")
+    with pytest.raises(ValueError, match="linear"):
+        attention(q, k, v, "poly3", kernel="associative")
+
+
+def test_auto_picks_associative_only_where_exact():
+    q = make_qkv()[0]
+    poly1, poly3 = get_activation("poly1"), get_activation("poly3")
+    key_padding = torch.zeros(2, 1, 1, 11, dtype=torch.bool)
+    assert _pick_kernel(q, poly1, None, None, 0.0, None) == "associative"
+    assert _pick_kernel(q, poly1, key_padding, None, 0.0, torch.zeros(2, 11, dtype=torch.bool)) == "associative"
+    assert _pick_kernel(q, poly1, key_padding, None, 0.0, None) == "blocked"  # a pairwise attn_mask
+    assert _pick_kernel(q, poly1, None, torch.zeros(1), 0.0, None) == "blocked"
+    assert _pick_kernel(q, poly3, None, None, 0.0, None) == "blocked"  # CPU: no Triton
+
+
+# --------------------------------------------------------------------------- masks
+
+
+@pytest.mark.parametrize("kernel", QUADRATIC)
+@pytest.mark.parametrize("name", ["poly3", "sigmoid"])
+def test_masked_keys_contribute_nothing_and_n_counts_the_rest(name, kernel):
+    q, k, v = make_qkv()
+    swin = torch.zeros(9, 11)
+    swin[:, 7:] = -100.0  # Swin's shifted-window mask: 0 keep, -100 masked
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[1, :2] = True
+    out_additive = attention(q, k, v, name, attn_mask=swin, key_padding_mask=padding, kernel=kernel)
+    out_bool = attention(q, k, v, name, attn_mask=swin == 0, key_padding_mask=padding, kernel=kernel)
+    torch.testing.assert_close(out_additive, out_bool)
+
+    keep = (swin == 0) & ~padding[:, None, None, :]
+    assert_matches_reference_attention(out_bool, reference_attention(q, k, v, name, keep=keep), (q, k, v))
+    # changing what is behind the mask changes nothing
+    k2, v2 = k.detach().clone(), v.detach().clone()
+    k2[..., 7:, :], v2[..., 7:, :] = 1e3, -1e3
+    torch.testing.assert_close(attention(q, k2, v2, name, attn_mask=swin, key_padding_mask=padding, kernel=kernel), out_bool)
+
+
+@pytest.mark.parametrize("kernel", QUADRATIC)
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_rows_with_no_attendable_key_give_zeros_and_finite_grads(name, kernel):
+    q, k, v = make_qkv()
+    keep = torch.ones(9, 11, dtype=torch.bool)
+    keep[4] = False
+    out = attention(q, k, v, name, attn_mask=keep, kernel=kernel)
+    assert torch.equal(out[:, :, 4], torch.zeros_like(out[:, :, 4])) and out.isfinite().all()
+    assert all(g.isfinite().all() for g in _grads(out, (q, k, v)))
+
+
+def test_bad_masks_are_rejected():
+    q, k, v = make_qkv()
+    with pytest.raises(ValueError, match="attn_bias"):
+        attention(q, k, v, "poly3", attn_mask=torch.ones(9, 11))  # positive additive values: a bias
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        attention(q, k, v, "poly3", key_padding_mask=torch.zeros(2, 9, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def _dropout_attention(q, k, v, seed=0, p=0.4, kernel="blocked"):
+    torch.manual_seed(seed)
+    return attention(q, k, v, "relu", dropout_p=p, kernel=kernel)
+
+
+def test_dropout_is_seeded_and_unbiased():
+    q, k, v = make_qkv(B=2, H=2, Nq=64, Nk=256, dtype=torch.float32)
+    v = torch.ones_like(v)  # every output is c * sum of kept phi / (1 - p)
+    first, again, other = _dropout_attention(q, k, v, 0), _dropout_attention(q, k, v, 0), _dropout_attention(q, k, v, 1)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    plain = attention(q, k, v, "relu")
+    assert (first.mean() / plain.mean()).item() == pytest.approx(1.0, abs=0.03)
+    materialized = _dropout_attention(q, k, v, 0, kernel="materialized")
+    assert (materialized.mean() / plain.mean()).item() == pytest.approx(1.0, abs=0.03)
+
+
+def test_dropout_backward_replays_the_forward_mask(small_tiles):
+    """With the seed fixed, the forward is a deterministic function, so gradcheck applies."""
+    q, k, v = make_qkv(B=1, H=2, Nq=17, Nk=7, d=3, dv=2)
+    assert torch.autograd.gradcheck(lambda q, k, v: _dropout_attention(q, k, v, seed=3), (q, k, v))
+
+
+# --------------------------------------------------------------------------- precision
+
+
+@pytest.mark.parametrize("kernel", ["blocked", "materialized", "associative"])
+def test_bf16_under_autocast_returns_bf16_close_to_fp32(kernel):
+    q, k, v = make_qkv(B=2, H=2, Nq=40, Nk=40, d=16, dv=16, dtype=torch.float32)
+    name = "poly1" if kernel == "associative" else "poly3"
+    expected = attention(q, k, v, name, kernel=kernel)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
+        out = attention(*low, name, kernel=kernel)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+    assert all(g.dtype == torch.bfloat16 for g in torch.autograd.grad(out.float().sum(), low))
+
+
+@pytest.mark.parametrize("kernel", QUADRATIC)
+def test_fp16_large_scores_do_not_overflow(kernel):
+    """|S| ~ 64: naive fp16 ``S**3`` (~2.6e5) overflows fp16's 65504; the kernels compute it in fp32."""
+    g = torch.Generator().manual_seed(0)
+    q = (8 + torch.rand(1, 2, 8, 16, generator=g)).half()
+    k = (8 + torch.rand(1, 2, 16, 16, generator=g)).half()
+    v = (1e-3 * torch.randn(1, 2, 16, 8, generator=g)).half()
+    naive = ((q @ k.transpose(-2, -1)) * 16**-0.5) ** 3
+    assert torch.isinf(naive).any()
+    out = attention(q, k, v, "poly3", kernel=kernel)
+    assert out.dtype == torch.float16 and out.isfinite().all()
+    expected = reference_attention(q.double(), k.double(), v.double(), "poly3")
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=1e-3 * expected.abs().max().item())
