@@ -52,19 +52,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint file not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt (empty file)")
     _verify_zip_records(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as err:
+        # torch's message is mostly advice; its last line but the doc link says what was refused
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = [line for line in lines if not line.startswith("Check the documentation")][-1]
         raise CheckpointLoadError(
             f"checkpoint {path} was refused by weights_only loading: it is corrupt, or it holds objects other "
             "than tensors and plain values (a project class needs @checkpoint_safe; load a file you do not trust "
-            f"only as weights). torch says: {str(err).splitlines()[0]}"
+            f"only as weights). {reason}"
         ) from err
-    except (EOFError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+    except RuntimeError as err:
+        if "PytorchStreamReader" not in str(err):
             raise  # not a format problem (e.g. a CUDA tensor on a machine without CUDA)
-        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt: {err or 'empty file'}") from err
+        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt ({err})") from err
 
 
 def _verify_zip_records(path: Path) -> None:
@@ -76,7 +81,7 @@ def _verify_zip_records(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, EOFError, OSError) as err:
-        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt: {err}") from err
+        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt ({err})") from err
     if bad is not None:
         raise CheckpointLoadError(f"checkpoint {path} is corrupt: record {bad!r} fails its CRC check")
 

@@ -27,12 +27,14 @@ from torch import Tensor
 
 from .registry import Activation
 
-#: Score-tile budget in elements (``bb*H*bq*bk``): 256K fp32 elements is 1 MiB, so the
-#: two or three live tiles of the backward stay in the cores' 2 MiB L2 caches
-#: while each matmul stays big enough to run near peak (measured, BENCHMARKS.md).
-TILE_ELEMENTS = 1 << 18
-#: Key blocks cover whole rows up to this many keys (fewer, larger matmuls).
-MAX_KEY_BLOCK = 2048
+#: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
+#: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
+#: fork/join) more often; this was the best compromise measured on the 2-core
+#: benchmark machine, see BENCHMARKS.md.
+TILE_ELEMENTS = 1 << 19
+#: Key blocks cover whole rows up to this many keys: then dK and dV accumulate
+#: in place and each tile is one long, efficient matmul.
+MAX_KEY_BLOCK = 4096
 
 
 def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int) -> tuple[int, int, int]:

@@ -199,7 +199,10 @@ BLOCK_M = BLOCK_N = 64
 
 
 class TritonAttention(torch.autograd.Function):
-    """Launches the three kernels; operands are flattened to contiguous ``(B*H, N, d)``."""
+    """Launches the three kernels on contiguous ``(B*H, N, d)`` operands of one dtype (``q``'s).
+
+    The output comes back in ``v``'s dtype and each gradient in its input's.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, act, t: float, allowed, n):
@@ -222,8 +225,8 @@ class TritonAttention(torch.autograd.Function):
         out = torch.empty(B * H, nq, dv, dtype=dtype, device=q.device)
         _forward[(triton.cdiv(nq, BLOCK_M), B * H)](q3, k3, v3, out, c, shift, *ctx.args, **ctx.meta)
         ctx.save_for_backward(q3, k3, v3, c, shift)
-        ctx.shapes = (q.shape, k.shape, v.shape)
-        return out.view(B, H, nq, dv)
+        ctx.inputs = [(x.shape, x.dtype) for x in (q, k, v)]
+        return out.view(B, H, nq, dv).to(v.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -233,8 +236,8 @@ class TritonAttention(torch.autograd.Function):
         bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
         _backward_kv[(triton.cdiv(nk, BLOCK_N), bh)](q3, k3, v3, do, dk, dv, c, shift, *ctx.args, **ctx.meta)
         _backward_q[(triton.cdiv(nq, BLOCK_M), bh)](q3, k3, v3, do, dq, c, shift, *ctx.args, **ctx.meta)
-        q_shape, k_shape, v_shape = ctx.shapes
-        return dq.view(q_shape), dk.view(k_shape), dv.view(v_shape), None, None, None, None
+        grads = (g.view(shape).to(dtype) for g, (shape, dtype) in zip((dq, dk, dv), ctx.inputs))
+        return (*grads, None, None, None, None)
 
 
 def _per_row(x: Tensor, B: int, H: int, nq: int) -> Tensor:

@@ -208,7 +208,9 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", type=_parse_shapes, default=dict(SHAPES), help="comma list of names (%(default)s) or BxHxNxd")
+    parser.add_argument(
+        "--shapes", type=_parse_shapes, default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)} or BxHxNxd (default: all)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")

@@ -164,8 +164,11 @@ def test_bf16_under_autocast_returns_bf16_close_to_fp32(kernel):
     name = "poly1" if kernel == "associative" else "poly3"
     expected = attention(q, k, v, name, kernel=kernel)
     with torch.autocast("cpu", dtype=torch.bfloat16):
+        unchanged = attention(q, k, v, name, kernel=kernel)  # fp32 inputs: scores stay fp32 under autocast
         low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
         out = attention(*low, name, kernel=kernel)
+    assert unchanged.dtype == torch.float32
+    torch.testing.assert_close(unchanged, expected)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
     assert all(g.dtype == torch.bfloat16 for g in torch.autograd.grad(out.float().sum(), low))

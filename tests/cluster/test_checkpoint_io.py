@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from cluster_harness import cpu_trainer, digits, tiny_classifier
 
+from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard
 from polyattn_lightning.checkpoint import CheckpointLoadError, SafeCheckpointIO, load_checkpoint
-from polyattn_lightning.cli import main
+from polyattn_lightning.cli import main, make_cli
 from polyattn_lightning.tasks import ClassificationModule
 
-QUICKSTART = Path(__file__).parents[2] / "configs" / "classification" / "quickstart.yaml"
+ROOT = Path(__file__).parents[2]
+QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +57,23 @@ class RunsCode:
         return Path.touch, (self.marker,)
 
 
+@pytest.mark.parametrize("config", sorted((ROOT / "configs" / "trainer").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_trainer_config_uses_the_safe_checkpoint_io_nan_guard_and_exact_resume(config):
+    trainer = yaml.safe_load(config.read_text())
+    assert "plugins/safe_checkpoint_io.yaml" in trainer["plugins"]
+    assert {"callbacks/exact_resume.yaml", "callbacks/nan_guard.yaml"} <= set(trainer["callbacks"])
+
+
+def test_the_cli_builds_the_trainer_with_them():
+    trainer = make_cli(["--config", str(QUICKSTART)], run=False).trainer
+    assert isinstance(trainer.strategy.checkpoint_io, SafeCheckpointIO)
+    assert {ExactResume, NonFiniteLossGuard} <= {type(callback) for callback in trainer.callbacks}
+
+
 def test_cli_checkpoint_loads_with_weights_only_and_resumes(cli_checkpoint, tmp_path):
     checkpoint = torch.load(cli_checkpoint, weights_only=True)
     assert checkpoint["global_step"] == 2
+    assert len(checkpoint["rng_states"]) == 1
     assert load_checkpoint(cli_checkpoint)["state_dict"].keys() == checkpoint["state_dict"].keys()
     fit_quickstart(cli_checkpoint.parents[3], 2, "--ckpt_path", str(cli_checkpoint))
     [resumed] = [p for p in cli_checkpoint.parents[3].rglob("last.ckpt") if p != cli_checkpoint]

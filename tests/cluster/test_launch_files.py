@@ -1,0 +1,113 @@
+"""The Docker image, SLURM script and torchrun script agree with the project they launch.
+
+No Docker engine or SLURM runs in CI, so the Dockerfile and the sbatch script
+are read and checked against pyproject.toml and the CLI; the torchrun script
+really runs (2 CPU processes).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.strategies import DDPStrategy
+from packaging.requirements import Requirement
+
+from polyattn_lightning.cli import make_cli
+
+ROOT = Path(__file__).parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
+
+
+def logical_lines(path: Path) -> list[str]:
+    """The file's lines with comments dropped and backslash-continued lines joined."""
+    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return [line.strip() for line in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if line.strip()]
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs."""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in logical_lines(ROOT / "docker" / "Dockerfile")]
+
+
+def instructions(name: str) -> list[str]:
+    return [args for instruction, args in dockerfile() if instruction == name]
+
+
+def test_docker_base_is_a_cuda_runtime_with_a_torch_pyproject_accepts():
+    [default_base] = [args.split("=", 1)[1] for args in instructions("ARG") if args.startswith("BASE_IMAGE=")]
+    assert instructions("FROM") == ["${BASE_IMAGE}"]
+    match = re.fullmatch(r"pytorch/pytorch:(?P<torch>[\d.]+)-cuda[\d.]+-cudnn\d+-runtime", default_base)
+    assert match, default_base
+    [torch_requirement] = [Requirement(r) for r in PYPROJECT["dependencies"] if Requirement(r).name == "torch"]
+    assert torch_requirement.specifier.contains(match["torch"])
+
+
+def test_docker_installs_this_package_with_extras_pyproject_defines():
+    labels = dict(re.findall(r'([\w.]+)="([^"]*)"', " ".join(instructions("LABEL"))))
+    assert labels["org.opencontainers.image.title"] == PYPROJECT["name"]
+    assert labels["org.opencontainers.image.version"] == PYPROJECT["version"]
+    install = " ".join(instructions("RUN"))
+    [extras] = re.findall(r'"/opt/polyattn_lightning\[([\w,-]+)\]"', install)
+    assert set(extras.split(",")) == {"detection", "lra"} <= set(PYPROJECT["optional-dependencies"])
+    assert f"pip show {PYPROJECT['name']}" in install
+
+
+def test_docker_runs_the_lightning_entry_point_as_a_non_root_user():
+    assert instructions("ENTRYPOINT") == ['["lightning"]']
+    assert "lightning" in PYPROJECT["scripts"]
+    [user] = instructions("USER")
+    assert user not in ("root", "0")
+    assert instructions("WORKDIR") == ["/workspace"]
+
+
+def test_docker_copies_only_code_and_configs():
+    copied = set()
+    for args in instructions("COPY"):
+        *sources, _destination = [token for token in shlex.split(args) if not token.startswith("--")]
+        copied.update(sources)
+    assert copied == {"pyproject.toml", "README.md", "polyattn_lightning", "configs"}
+    assert all((ROOT / name).exists() for name in copied)
+    assert not instructions("ADD")
+    # the build context excludes everything but what is copied: no data, checkpoints or .git can slip in
+    rules = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert rules[0] == "**"
+    assert {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")} == copied
+
+
+def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
+    script = (ROOT / "scripts" / "slurm" / "train.sbatch").read_text()
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", script, re.MULTILINE))
+    assert sbatch["ntasks-per-node"] == sbatch["gpus-per-node"]
+    assert sbatch["signal"] == "SIGUSR1@90" and "requeue" in sbatch
+    # the srun line, with SLURM's variables as this script sets them, is a command line the CLI accepts
+    [launch] = [line for line in logical_lines(ROOT / "scripts" / "slurm" / "train.sbatch") if line.startswith("srun ")]
+    values = {"$config": str(QUICKSTART), "$SLURM_NTASKS_PER_NODE": sbatch["ntasks-per-node"],
+              "$SLURM_JOB_NUM_NODES": sbatch["nodes"], "$run_dir": "runs/slurm-1", "$@": "--trainer.accelerator=cpu"}
+    command = [values.get(token, token) for token in shlex.split(launch)]
+    assert command[:3] == ["srun", "lightning", "fit"] and "lightning" in PYPROJECT["scripts"]
+    trainer = make_cli(command[3:], run=False).trainer
+    assert (trainer.num_devices, trainer.num_nodes) == (8, 2)
+    assert isinstance(trainer.strategy, DDPStrategy)
+
+
+@pytest.mark.slow
+def test_torchrun_script_trains_with_two_processes(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GPUS": "2", "MASTER_PORT": str(port)}
+    proc = subprocess.run(
+        [ROOT / "scripts" / "torchrun.sh", QUICKSTART, "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
+         "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    assert list(tmp_path.rglob("last.ckpt"))

@@ -1,0 +1,72 @@
+"""The resumable training loader and the evaluation sampler, without a trainer."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from polyattn_lightning.data.resumable import ResumableDataLoader, eval_sampler
+
+
+class CountingDataset(Dataset):
+    def __init__(self, size: int):
+        self.size, self.loaded = size, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        self.loaded += 1
+        return index
+
+
+def epoch(loader, number: int) -> list[list[int]]:
+    loader.batch_sampler.sampler.set_epoch(number)  # Lightning does this before every epoch
+    return [batch.tolist() for batch in loader]
+
+
+def test_resuming_mid_epoch_continues_the_same_order_without_loading_the_skipped_batches():
+    reference = epoch(ResumableDataLoader(CountingDataset(50), batch_size=4, shuffle=True, drop_last=True), 3)
+
+    interrupted = ResumableDataLoader(CountingDataset(50), batch_size=4, shuffle=True, drop_last=True)
+    interrupted.batch_sampler.sampler.set_epoch(3)
+    batches = iter(interrupted)
+    first = [next(batches).tolist() for _ in range(5)]
+    state = interrupted.state_dict()
+    assert state == {"epoch": 3, "batches_done": 5}
+
+    data = CountingDataset(50)
+    resumed = ResumableDataLoader(data, batch_size=4, shuffle=True, drop_last=True)
+    resumed.load_state_dict(state)
+    rest = epoch(resumed, 3)
+    assert first + rest == reference
+    assert data.loaded == len(rest) * 4
+    assert resumed.state_dict() == {"epoch": 3, "batches_done": 12}  # a second resume in this epoch stays aligned
+    assert epoch(resumed, 4) == epoch(ResumableDataLoader(CountingDataset(50), batch_size=4, shuffle=True, drop_last=True), 4)
+
+
+def test_a_finished_epochs_state_does_not_skip_into_the_next_epoch():
+    loader = ResumableDataLoader(CountingDataset(20), batch_size=4, shuffle=True)
+    loader.load_state_dict({"epoch": 1, "batches_done": 3})  # e.g. epoch 1 cut short by limit_train_batches
+    assert len(epoch(loader, 2)) == 5
+
+
+def test_one_process_sees_the_global_batches_of_two_ranks(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # seed_everything(7); Lightning seeds DistributedSampler with it
+    dataset, batch = CountingDataset(40), 4
+    one = epoch(ResumableDataLoader(dataset, batch_size=2 * batch, shuffle=True), 5)
+    ranks = []
+    for rank in range(2):
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(5)
+        ranks.append(torch.tensor(list(sampler)).split(batch))
+    assert [sorted(b) for b in one] == [sorted(r0.tolist() + r1.tolist()) for r0, r1 in zip(*ranks)]
+
+
+def test_eval_sampler_splits_an_odd_set_across_ranks_without_repeats():
+    dataset = CountingDataset(181)
+    shares = [list(eval_sampler(dataset, SimpleNamespace(world_size=2, global_rank=r))) for r in range(2)]
+    assert [len(s) for s in shares] == [91, 90]
+    assert sorted(shares[0] + shares[1]) == list(range(181))
+    assert eval_sampler(dataset, SimpleNamespace(world_size=1, global_rank=0)) is None
