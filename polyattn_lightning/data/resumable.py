@@ -1,9 +1,10 @@
 """Data loading that resumes mid-epoch and counts evaluation samples once under DDP.
 
 Resuming: Lightning stores the train loader's ``state_dict()`` in every
-checkpoint and hands it back through ``load_state_dict()`` before the first
-batch after a restart, for any loader that has those two methods (its
-``_Stateful`` check in ``loops/fit_loop.py``). Without them a run resumed
+checkpoint and hands it back through ``load_state_dict()`` after a restart,
+for any loader that has those two methods (its ``_Stateful`` check in
+``loops/fit_loop.py``; :class:`~polyattn_lightning.callbacks.ExactResume`
+hands it back where Lightning forgets to). Without them a run resumed
 mid-epoch starts the epoch over and trains twice on its first batches.
 :class:`ResumableDataLoader` saves ``(epoch, batches done)``; on resume it
 rebuilds the epoch's order and skips the finished batches without loading
@@ -36,9 +37,9 @@ class EpochShuffleSampler(RandomSampler):
     Lightning calls ``set_epoch`` before every epoch.
     """
 
-    def __init__(self, data_source: Dataset, seed: int | None = None):
+    def __init__(self, data_source: Dataset):
         super().__init__(data_source)
-        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
+        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:

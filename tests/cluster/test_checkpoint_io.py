@@ -1,7 +1,7 @@
 """Safe checkpoints: weights_only loading, a clear error for a bad file, and writes that cannot tear.
 
-A checkpoint the configured trainer writes (callbacks, EMA, loader and RNG
-state included) loads with ``weights_only=True`` and resumes through the CLI;
+A checkpoint the configured trainer writes (callback, loader and RNG state
+included) loads with ``weights_only=True`` and resumes through the CLI;
 a file that would run code is refused without running it, as checkpoint and
 as pretrained weights; every kind of damaged file raises an error naming it;
 and a process killed in the middle of writing leaves the previous checkpoint intact.
@@ -38,13 +38,10 @@ def cli_checkpoint(tmp_path_factory) -> Path:
 
 
 def fit_quickstart(run_dir: Path, epochs: int, *args: str) -> None:
-    cwd = os.getcwd()
-    os.chdir(run_dir)  # the config logs and checkpoints under ./runs
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(run_dir)  # the config logs and checkpoints under ./runs
         main(["fit", "--config", str(QUICKSTART), "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches",
               "2", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false", *args])
-    finally:
-        os.chdir(cwd)
 
 
 class RunsCode:
@@ -75,8 +72,8 @@ def test_cli_checkpoint_loads_with_weights_only_and_resumes(cli_checkpoint, tmp_
     assert checkpoint["global_step"] == 2
     assert len(checkpoint["rng_states"]) == 1
     assert load_checkpoint(cli_checkpoint)["state_dict"].keys() == checkpoint["state_dict"].keys()
-    fit_quickstart(cli_checkpoint.parents[3], 2, "--ckpt_path", str(cli_checkpoint))
-    [resumed] = [p for p in cli_checkpoint.parents[3].rglob("last.ckpt") if p != cli_checkpoint]
+    fit_quickstart(tmp_path, 2, "--ckpt_path", str(cli_checkpoint))  # through SafeCheckpointIO
+    [resumed] = tmp_path.rglob("last.ckpt")
     assert torch.load(resumed, weights_only=True)["global_step"] == 4
 
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tomllib
 from pathlib import Path
+from string import Template
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy
@@ -88,13 +89,14 @@ def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
     assert sbatch["signal"] == "SIGUSR1@90" and "requeue" in sbatch
     # the srun line, with SLURM's variables as this script sets them, is a command line the CLI accepts
     [launch] = [line for line in logical_lines(ROOT / "scripts" / "slurm" / "train.sbatch") if line.startswith("srun ")]
-    values = {"$config": str(QUICKSTART), "$SLURM_NTASKS_PER_NODE": sbatch["ntasks-per-node"],
-              "$SLURM_JOB_NUM_NODES": sbatch["nodes"], "$run_dir": "runs/slurm-1", "$@": "--trainer.accelerator=cpu"}
-    command = [values.get(token, token) for token in shlex.split(launch)]
+    slurm = {"config": str(QUICKSTART), "SLURM_NTASKS_PER_NODE": sbatch["ntasks-per-node"],
+             "SLURM_JOB_NUM_NODES": sbatch["nodes"], "SLURM_JOB_ID": "42", "run_dir": "runs/slurm-42"}
+    command = [Template(token).substitute(slurm) for token in shlex.split(launch) if token != "$@"]
     assert command[:3] == ["srun", "lightning", "fit"] and "lightning" in PYPROJECT["scripts"]
-    trainer = make_cli(command[3:], run=False).trainer
+    trainer = make_cli([*command[3:], "--trainer.accelerator", "cpu"], run=False).trainer
     assert (trainer.num_devices, trainer.num_nodes) == (8, 2)
     assert isinstance(trainer.strategy, DDPStrategy)
+    assert trainer.logger.version == "slurm-42"
 
 
 @pytest.mark.slow
