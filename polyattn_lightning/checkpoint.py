@@ -54,29 +54,37 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_
         raise FileNotFoundError(f"Checkpoint file not found: {path}")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt (empty file)")
-    _verify_zip_records(path)
+    is_zip = _verify_zip_records(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only)
-    except pickle.UnpicklingError as err:
-        # torch's message is mostly advice; its last line but the doc link says what was refused
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        reason = [line for line in lines if not line.startswith("Check the documentation")][-1]
-        raise CheckpointLoadError(
-            f"checkpoint {path} was refused by weights_only loading: it is corrupt, or it holds objects other "
-            "than tensors and plain values (a project class needs @checkpoint_safe; load a file you do not trust "
-            f"only as weights). {reason}"
-        ) from err
-    except RuntimeError as err:
-        if "PytorchStreamReader" not in str(err):
-            raise  # not a format problem (e.g. a CUDA tensor on a machine without CUDA)
-        raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt ({err})") from err
+    except Exception as err:
+        if not is_zip:
+            message = f"checkpoint {path} is truncated or corrupt, or not a PyTorch checkpoint"
+        elif isinstance(err, pickle.UnpicklingError):
+            message = (
+                f"checkpoint {path} was refused by weights_only loading: it holds objects other than tensors and "
+                "plain values (a project class needs @checkpoint_safe; load a file you do not trust only as weights)"
+            )
+        else:
+            message = f"cannot load checkpoint {path}"
+        raise CheckpointLoadError(f"{message} ({_describe(err)})") from err
 
 
-def _verify_zip_records(path: Path) -> None:
-    """Check every record's CRC32: ``torch.load`` does not, and a flipped byte in a tensor loads silently."""
+def _describe(err: Exception) -> str:
+    """The exception's type and what torch's long messages come down to: their last line but the doc link."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if not line.startswith("Check the documentation")), "")
+    return f"{type(err).__name__}: {last}"
+
+
+def _verify_zip_records(path: Path) -> bool:
+    """Whether ``path`` is a zip checkpoint (torch.save's format), after checking every record's CRC32.
+
+    ``torch.load`` checks no CRC: a flipped byte inside a tensor would load silently.
+    """
     with open(path, "rb") as f:
         if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
-            return  # empty, legacy format or not a checkpoint at all: torch.load tells which
+            return False  # legacy format or not a checkpoint at all: torch.load tells which
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -84,6 +92,7 @@ def _verify_zip_records(path: Path) -> None:
         raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt ({err})") from err
     if bad is not None:
         raise CheckpointLoadError(f"checkpoint {path} is corrupt: record {bad!r} fails its CRC check")
+    return True
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:

@@ -56,7 +56,6 @@ def run(devices: int, out_dir: Path) -> dict:
         strategy=DDPStrategy(process_group_backend="gloo") if devices > 1 else "auto",
         max_epochs=1,
         max_steps=STEPS,
-        limit_val_batches=0,
         enable_checkpointing=True,
         callbacks=[
             NonFiniteLossGuard(on_nonfinite="skip"),
@@ -67,7 +66,6 @@ def run(devices: int, out_dir: Path) -> dict:
         ],
     )
     trainer.fit(model, data)
-    trainer.limit_val_batches = 1.0
     [metrics] = trainer.validate(model, data, verbose=False)
     samples_per_rank = trainer.strategy.all_gather(torch.tensor(counter.count)).reshape(-1).tolist()
     return {"weights": model.state_dict(), "val": metrics, "val_samples_per_rank": samples_per_rank,
