@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
@@ -21,7 +20,10 @@ from .optim import OptimRecipe, build_optimizer, build_scheduler, global_batch_s
 
 @dataclass
 class MixupRecipe:
-    """Mixup/CutMix and label smoothing, as timm's ``Mixup`` takes them; all off by default."""
+    """Mixup/CutMix and label smoothing: the arguments of timm's ``Mixup``; all off by default.
+
+    With both alphas 0, Mixup is skipped and ``label_smoothing`` goes to plain cross entropy.
+    """
 
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
@@ -78,20 +80,10 @@ class ClassificationModule(pl.LightningModule):
         set_attention(self.model, attention)  # softmax too, so every model takes the registry path
 
         mix = recipe.mixup
-        self.mixup = (
-            Mixup(
-                mixup_alpha=mix.mixup_alpha,
-                cutmix_alpha=mix.cutmix_alpha,
-                prob=mix.prob,
-                switch_prob=mix.switch_prob,
-                mode=mix.mode,
-                label_smoothing=mix.label_smoothing,
-                num_classes=num_classes,
-            )
-            if mix.enabled
-            else None
+        self.mixup = Mixup(**asdict(mix), num_classes=num_classes) if mix.enabled else None
+        self.train_loss = (
+            SoftTargetCrossEntropy() if mix.enabled else nn.CrossEntropyLoss(label_smoothing=mix.label_smoothing)
         )
-        self.train_loss = SoftTargetCrossEntropy() if mix.enabled else nn.CrossEntropyLoss(label_smoothing=mix.label_smoothing)
         metrics = MetricCollection(
             {
                 "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),

@@ -42,7 +42,8 @@ def resolve_pretrained_file(path: str | Path) -> Path:
                 return found[0]
     raise FileNotFoundError(
         f"pretrained weights {path} not found: expected a weight file (.safetensors, .pth, .bin) or a Hugging Face "
-        f"cache directory (models--<org>--<model> or one of its snapshots/<revision>) holding {' or '.join(HF_WEIGHT_FILES)}"
+        "cache directory (models--<org>--<model> or one of its snapshots/<revision>) holding "
+        f"{' or '.join(HF_WEIGHT_FILES)}"
     )
 
 
