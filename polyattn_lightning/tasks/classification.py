@@ -67,7 +67,8 @@ class ClassificationModule(pl.LightningModule):
                 ``{name: poly3, scale: 0.0714}``; ``softmax`` keeps timm's behaviour.
             img_size: input side, for models that take one (ViT, Swin, XCiT).
             model_kwargs: further ``timm.create_model`` arguments (``patch_size``, ``depth``, ``embed_dim``...).
-            pretrained: a local weight file or Hugging Face cache directory to start from; never downloaded.
+            pretrained: weights to start from, never downloaded: a local weight file, a Hugging Face cache
+                directory, or the ``.ckpt`` of another run of this module (e.g. softmax, to fine-tune into poly3).
             recipe: optimizer, schedule, Mixup/CutMix, label smoothing and drop path.
         """
         super().__init__()

@@ -8,6 +8,8 @@ from typing import Any
 import timm
 from torch import nn
 
+from ..checkpoint import load_checkpoint
+
 #: Weight files a Hugging Face snapshot of a timm model holds, in order of preference.
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -47,6 +49,23 @@ def resolve_pretrained_file(path: str | Path) -> Path:
     )
 
 
+def pretrained_overlay(path: str | Path) -> dict[str, Any]:
+    """timm's ``pretrained_cfg_overlay`` for local weights.
+
+    A ``.ckpt`` is taken for a checkpoint of this project's ClassificationModule
+    (e.g. a softmax run to fine-tune into poly3): its timm model's weights are
+    the ``model.*`` entries (the EMA weights when the run kept an EMA), and its
+    classifier is kept when the class count is unchanged.
+    """
+    file = resolve_pretrained_file(path)
+    if file.suffix != ".ckpt":
+        return dict(file=str(file))
+    checkpoint = load_checkpoint(file)
+    state = checkpoint["state_dict"]
+    weights = {name.removeprefix("model."): state[name] for name in state if name.startswith("model.")}
+    return dict(state_dict=weights, num_classes=checkpoint["hyper_parameters"]["num_classes"])
+
+
 def create_timm_model(
     model_name: str,
     num_classes: int,
@@ -65,5 +84,5 @@ def create_timm_model(
     if img_size is not None:
         model_kwargs["img_size"] = img_size
     if pretrained is not None:
-        model_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(resolve_pretrained_file(pretrained))))
+        model_kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(pretrained))
     return timm.create_model(model_name, num_classes=num_classes, drop_path_rate=drop_path_rate, **model_kwargs)

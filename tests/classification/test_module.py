@@ -39,13 +39,17 @@ def test_softmax_module_matches_timm_and_poly3_changes_outputs():
     assert not torch.allclose(poly3(images), reference(images), atol=1e-3)
 
 
-@pytest.mark.parametrize("layout", ["file", "hf_cache"])
+@pytest.mark.parametrize("layout", ["file", "hf_cache", "lightning_ckpt"])
 def test_fine_tune_from_local_softmax_weights_into_poly3(tmp_path: Path, layout: str):
-    """timm loads the local file (no download); the new class count gets a fresh head, all else is kept."""
+    """timm loads the local file (no download); a new class count gets a fresh head, all else is kept."""
     source = tiny_timm_model()
     if layout == "file":
         weights = tmp_path / "vit_tiny.safetensors"
         save_file(source.state_dict(), weights)
+    elif layout == "lightning_ckpt":  # a ClassificationModule run of this project
+        weights = tmp_path / "softmax_run.ckpt"
+        state = {f"model.{name}": value for name, value in source.state_dict().items()}
+        torch.save({"state_dict": state, "hyper_parameters": {"num_classes": 10}}, weights)
     else:  # ~/.cache/huggingface/hub/models--timm--<name>/{refs/main, snapshots/<revision>/model.safetensors}
         weights = tmp_path / "models--timm--vit_tiny"
         snapshot = weights / "snapshots" / "abc123"
@@ -56,7 +60,8 @@ def test_fine_tune_from_local_softmax_weights_into_poly3(tmp_path: Path, layout:
     module = tiny_module({"name": "poly3", "scale": 0.25}, pretrained=str(weights))
     loaded = module.model.state_dict()
     for name, tensor in source.state_dict().items():
-        if not name.startswith("head."):  # the file's head was made for timm's default 1000 classes
+        # a weight file's head counts as made for timm's default 1000 classes; a run's checkpoint says its own
+        if layout == "lightning_ckpt" or not name.startswith("head."):
             assert torch.equal(loaded[name], tensor), name
     assert {layer.activation.name for _, layer in attention_modules(module.model)} == {"poly3"}
 
