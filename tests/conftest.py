@@ -5,7 +5,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The test models are tiny: a second intra-op thread buys nothing, and on shared cores it spin-waits (30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 CLASSES = ("n01443537", "n01629819", "n01641577")  # Tiny-ImageNet style wnids, also used as folder names
 

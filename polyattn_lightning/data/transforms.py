@@ -5,7 +5,10 @@ from dataclasses import dataclass
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 
+from ..checkpoint import checkpoint_safe
 
+
+@checkpoint_safe
 @dataclass
 class AugmentRecipe:
     """Training augmentation; the defaults are DeiT's (timm argument names).

@@ -14,10 +14,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
 from ..attention.timm_patch import set_attention
+from ..checkpoint import checkpoint_safe
 from .models import create_timm_model
 from .optim import OptimRecipe, build_optimizer, build_scheduler, global_batch_size
 
 
+@checkpoint_safe
 @dataclass
 class MixupRecipe:
     """Mixup/CutMix and label smoothing: the arguments of timm's ``Mixup``; all off by default.
@@ -37,6 +39,7 @@ class MixupRecipe:
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
+@checkpoint_safe
 @dataclass
 class Recipe:
     """The training recipe: optimizer and schedule, batch mixing, stochastic depth."""
@@ -135,7 +138,9 @@ class ClassificationModule(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         trainer = self.trainer
-        total_steps = trainer.estimated_stepping_batches  # also sets up the train loader read below
+        total_steps = trainer.estimated_stepping_batches  # also sets up the train loader read below...
+        if trainer.train_dataloader is None:  # ...unless max_steps alone bounds the run: then load it here
+            trainer.fit_loop.setup_data()
         lr = self.recipe.optim.scaled_lr(global_batch_size(trainer, trainer.train_dataloader.batch_size))
         optimizer = build_optimizer(self.model, self.recipe.optim, lr)
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)

@@ -15,7 +15,10 @@ from timm.scheduler import CosineLRScheduler
 from torch import nn
 from torch.optim import Optimizer
 
+from ..checkpoint import checkpoint_safe
 
+
+@checkpoint_safe
 @dataclass
 class OptimRecipe:
     """Optimizer and schedule hyperparameters; the defaults are DeiT's.
