@@ -107,7 +107,10 @@ class ImageDataModule(pl.LightningDataModule):
         return self._loader(self.val_set, train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set or self.val_set, train=False)
+        return self._loader(self._test_or_val(), train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set or self.val_set, train=False)
+        return self._loader(self._test_or_val(), train=False)
+
+    def _test_or_val(self) -> Dataset | None:
+        return self.test_set if self.test_set is not None else self.val_set
