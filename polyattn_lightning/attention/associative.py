@@ -25,6 +25,7 @@ def associative(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
         keys = k.to(dtype)
         if allowed is not None:
             keys = keys * allowed.transpose(-2, -1)  # (B?, 1, Nk, 1): padded keys contribute nothing
-        kv = keys.transpose(-2, -1) @ v.to(dtype)  # (B, H, d, dv)
-        out = (q.to(dtype) * t) @ kv
-        return (out * act.row_scale(n.to(dtype))).to(v.dtype)
+        # c(n) is the same for every query of a batch row (B?, 1, 1, 1), so it and t
+        # scale the small (d, dv) matrix k^T v rather than an (N, d) one.
+        kv = (keys.transpose(-2, -1) @ v.to(dtype)) * (act.row_scale(n.to(dtype)) * t)
+        return (q.to(dtype) @ kv).to(v.dtype)

@@ -7,13 +7,16 @@ blocks simply add up. The backward recomputes each tile of ``S``::
 
     dV = phi(S)^T dO,   dS = phi'(S) * (dO V^T),   dQ = dS K t,   dK = dS^T Q t
 
-Two pieces of bookkeeping keep the tile loop to matmuls plus one or two
-in-place elementwise passes:
+Some bookkeeping keeps the tile loop to matmuls plus one to three
+elementwise passes:
 
 * the row scale ``c(n)`` (and the dropout ``1 / (1 - p)``) multiplies rows of
-  ``out`` and ``dO``, never a tile;
+  ``out`` and ``dO``, never a tile; a constant factor of ``phi'`` (``p`` for
+  ``S^p``) multiplies the final gradients;
 * the temperature ``t`` is folded into ``q`` once; the row shift ``b(n)`` and
-  the score bias are added to the tile in place.
+  the score bias are added to the tile in place;
+* tiles are written into buffers reused from tile to tile, and operands are
+  kept in whichever layout lets every product run untransposed.
 
 Everything runs in fp32 (fp64 when the inputs are fp64, for gradcheck) with
 autocast off; the output and gradients come back in the inputs' dtypes.
@@ -69,9 +72,10 @@ def grad_gain(act: Activation) -> float:
     return float(act.kernel[1]) if act.kernel[:1] == ("poly",) else 1.0
 
 
-def phi_and_grad_(z: Tensor, act: Activation) -> tuple[Tensor, Tensor | None]:
+def phi_and_grad_(z: Tensor, act: Activation, spare: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(f(z), f'(z) / grad_gain)`` from a tile the caller owns (it is overwritten).
 
+    ``spare`` is a free buffer of ``z``'s shape for the polynomial forms' ``f``.
     The derivative is None where it is identically 1 (``poly1``).
     """
     kind = act.kernel
@@ -79,7 +83,7 @@ def phi_and_grad_(z: Tensor, act: Activation) -> tuple[Tensor, Tensor | None]:
         p = kind[1]
         if p == 1:
             return z, None
-        f = torch.pow(z, p)
+        f = torch.pow(z, p, out=spare)
         return f, (z if p == 2 else z.pow_(p - 1))
     if kind == ("sigmoid",):
         f = z.sigmoid_()
@@ -119,10 +123,10 @@ class _Tiles(NamedTuple):
         h = self.shape4[1]
         return slice(where[0].start * h, min(where[0].stop, self.shape4[0]) * h)
 
-    def scores(self, q_t: Tensor, k_t: Tensor, where) -> Tensor:
-        """``S + b(n) + bias`` for one tile, as a fresh ``(bb*H, bq, bk)`` tensor; ``k_t`` is ``(B*H, d, Nk)``."""
+    def scores(self, q_t: Tensor, k_t: Tensor, where, out: "_Scratch") -> Tensor:
+        """``S + b(n) + bias`` for one tile, ``(bb*H, bq, bk)``, into scratch; ``k_t`` is ``(B*H, d, Nk)``."""
         bh, rows, cols = self.heads(where), where[1], where[2]
-        z = torch.bmm(q_t[bh, rows], k_t[bh, :, cols])
+        z = out.product(q_t[bh, rows], k_t[bh, :, cols])
         z4 = self.view4(z)
         for extra in (self._sliced(self.row_shift, where), self._sliced(self.bias, where)):
             if extra is not None:
@@ -154,6 +158,29 @@ class _Tiles(NamedTuple):
             rows if t.shape[2] > 1 else slice(None),
             cols if t.shape[3] > 1 else slice(None),
         ]
+
+
+class _Scratch:
+    """A tile-sized buffer reused from tile to tile.
+
+    A fresh multi-MiB tensor per tile is a fresh ``mmap`` whose pages fault in
+    one by one; measured, that made an out-of-place ``pow`` 6x slower than an
+    in-place one.
+    """
+
+    def __init__(self, tiles: _Tiles, like: Tensor):
+        (bb, bq, bk), heads = tiles.block, tiles.shape4[1]
+        self.flat = like.new_empty(bb * heads * bq * bk)
+
+    def view(self, shape: tuple[int, int, int]) -> Tensor:
+        return self.flat[: shape[0] * shape[1] * shape[2]].view(shape)
+
+    def like(self, tile: Tensor) -> Tensor:
+        return self.view(tile.shape)
+
+    def product(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a @ b`` (batched), written into the buffer."""
+        return torch.bmm(a, b, out=self.view((a.shape[0], a.shape[1], b.shape[2])))
 
 
 def _add_product(dst: Tensor, a: Tensor, b: Tensor) -> None:
@@ -207,8 +234,9 @@ class BlockedAttention(torch.autograd.Function):
             )
             q_t, k_t, v3 = _as_bh(q, dtype) * t, _transposed(_as_bh(k, dtype)), _as_bh(v, dtype)
             out = torch.zeros(*q_t.shape[:2], v.shape[-1], dtype=dtype, device=q.device)
+            scores = _Scratch(tiles, q_t)
             for index, where in tiles.blocks():
-                p = tiles.mask_(phi_(tiles.scores(q_t, k_t, where), act), index, where)
+                p = tiles.mask_(phi_(tiles.scores(q_t, k_t, where, scores), act), index, where)
                 bh = tiles.heads(where)
                 _add_product(out[bh, where[1]], p, v3[bh, where[2]])
             out = (out.view(*shape4[:3], -1) * row_scale).to(v.dtype)
@@ -230,11 +258,13 @@ class BlockedAttention(torch.autograd.Function):
             dq, dk_t, dv_t = torch.zeros_like(q_t), torch.zeros_like(k_t), torch.zeros_like(v_t)
             want_bias = bias is not None and ctx.needs_input_grad[3]
             dbias = torch.zeros_like(tiles.bias) if want_bias else None
+            scores, values, score_grads = (_Scratch(tiles, q_t) for _ in range(3))
             for index, where in tiles.blocks():
                 bh, rows, cols = tiles.heads(where), where[1], where[2]
-                f, grad = phi_and_grad_(tiles.scores(q_t, k_t, where), act)
+                z = tiles.scores(q_t, k_t, where, scores)
+                f, grad = phi_and_grad_(z, act, values.like(z))
                 _add_product(dv_t[bh, :, cols], do_t[bh, :, rows], tiles.mask_(f, index, where))
-                ds = torch.bmm(do[bh, rows], v_t[bh, :, cols])
+                ds = score_grads.product(do[bh, rows], v_t[bh, :, cols])
                 ds = tiles.mask_(ds if grad is None else ds.mul_(grad), index, where)
                 _add_product(dq[bh, rows], ds, k3[bh, cols])
                 _add_product(dk_t[bh, :, cols], q_tt[bh, :, rows], ds)

@@ -109,18 +109,21 @@ if triton is not None:
     @triton.jit
     def _load_rows(ptr, offs, n, offs_d, d):
         """Rows ``offs`` (< n) of a contiguous ``(N, d)`` matrix, zero-padded to the block."""
-        return tl.load(ptr + offs[:, None] * d + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < d), other=0.0)
+        inside = (offs[:, None] < n) & (offs_d[None, :] < d)
+        return tl.load(ptr + offs[:, None] * d + offs_d[None, :], mask=inside, other=0.0)
 
     @triton.jit
     def _store_rows(ptr, x, offs, n, offs_d, d):
-        tl.store(ptr + offs[:, None] * d + offs_d[None, :], x.to(ptr.dtype.element_ty), mask=(offs[:, None] < n) & (offs_d[None, :] < d))
+        inside = (offs[:, None] < n) & (offs_d[None, :] < d)
+        tl.store(ptr + offs[:, None] * d + offs_d[None, :], x.to(ptr.dtype.element_ty), mask=inside)
 
     @triton.jit
     def _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D):
         """A block of queries with their row scale ``c`` and row shift ``b``."""
         rows_ok = offs_m < Nq
         q = _load_rows(Q + bh * Nq * D, offs_m, Nq, offs_d, D)
-        return q, tl.load(C + bh * Nq + offs_m, mask=rows_ok, other=0.0), tl.load(Shift + bh * Nq + offs_m, mask=rows_ok, other=0.0)
+        c = tl.load(C + bh * Nq + offs_m, mask=rows_ok, other=0.0)
+        return q, c, tl.load(Shift + bh * Nq + offs_m, mask=rows_ok, other=0.0)
 
     @triton.jit
     def _score_grad(z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr):
@@ -213,7 +216,8 @@ class TritonAttention(torch.autograd.Function):
         c, shift = (_per_row(x, B, H, nq) for x in (act.row_scale(n), act.row_shift(n)))
         mask = None if allowed is None else allowed.to(torch.uint8).expand(B, H, nq, nk)
         # runtime arguments after the tensors, then the compile-time ones, shared by all three kernels
-        ctx.args = (q3 if mask is None else mask, float(t), nq, nk, H, d, dv, *(mask.stride() if mask is not None else (0,) * 4))
+        mask_strides = (0,) * 4 if mask is None else mask.stride()
+        ctx.args = (q3 if mask is None else mask, float(t), nq, nk, H, d, dv, *mask_strides)
         ctx.meta = dict(
             FORM=FORMS[act.kernel[0]], POWER=act.kernel[1] if act.kernel[0] == "poly" else 1,
             HAS_MASK=mask is not None,
