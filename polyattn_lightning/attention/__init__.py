@@ -1,4 +1,5 @@
 """Registry attention: softmax replaced by polynomial, ReLU, SoftPlus, sigmoid... activations."""
+from .diagnostics import attention_norms
 from .functional import KERNELS, attention
 from .registry import (
     Activation,
@@ -14,6 +15,7 @@ __all__ = [
     "ActivationSpec",
     "KERNELS",
     "attention",
+    "attention_norms",
     "describe",
     "get_activation",
     "register_activation",
