@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import keys_per_row, normalize_masks
+from .masks import check_broadcast, keys_per_row, normalize_masks
 from .registry import ActivationSpec, get_activation
 
 #: Elements of one ``(B, H, rows, Nk)`` score block.
@@ -51,6 +51,8 @@ def attention_norms(
     act = get_activation(activation, scale=scale)
     t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
     masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
+    if attn_bias is not None:
+        check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
     allowed = masks.allowed
     n = keys_per_row(allowed, k.shape[-2], q.device)
     B, H, nq, _ = q.shape
@@ -82,8 +84,8 @@ def attention_norms(
 
 
 def _rows(x: Tensor, block: slice) -> Tensor:
-    """Query rows ``block`` of a tensor broadcastable along them (size-1 row dims are kept)."""
-    return x if x.shape[-2] == 1 else x[..., block, :]
+    """Query rows ``block`` of a tensor broadcastable along them (size-1 or absent row dims are kept)."""
+    return x if x.dim() < 2 or x.shape[-2] == 1 else x[..., block, :]
 
 
 def _softmax(s: Tensor, keep: Tensor | None) -> Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .masks import keys_per_row, normalize_masks
+from .masks import check_broadcast, keys_per_row, normalize_masks
 from .registry import ActivationSpec, get_activation
 
 KERNELS = ("auto", "sdpa", "associative", "triton", "blocked", "materialized")
@@ -54,6 +54,8 @@ def attention(
     act = get_activation(activation, scale=scale)
     t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
     masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
+    if attn_bias is not None:
+        check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
     if act.is_softmax:
         if kernel not in ("auto", "sdpa"):
             raise ValueError(f"softmax runs only on kernel 'sdpa', not {kernel!r}")
@@ -61,7 +63,9 @@ def attention(
 
     n = keys_per_row(masks.allowed, k.shape[-2], q.device)
     if kernel == "auto":
-        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_mask)
+        # ``allowed`` is a key-padding mask only when no attn_mask was merged into it
+        key_padding_only = key_padding_mask if attn_mask is None else None
+        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only)
     from . import kernels  # late import: kernels import this module's helpers
 
     return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p)
@@ -84,6 +88,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str
 
 
 def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str:
+    """``key_padding_mask`` is given only when ``allowed`` holds nothing else (no attn_mask)."""
     pairwise_mask = allowed is not None and key_padding_mask is None
     if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
         return "associative"
@@ -95,8 +100,11 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
 
 
 def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
-    """Softmax on SDPA; rows with no attendable key give zeros instead of NaN."""
-    mask = masks.additive if masks.additive is not None else masks.allowed
+    """Softmax on SDPA; rows with no attendable key give zeros instead of NaN.
+
+    A float mask or bias is cast to q's dtype: SDPA refuses one of another dtype (fp32 aside).
+    """
+    mask = masks.additive.to(q.dtype) if masks.additive is not None else masks.allowed
     if attn_bias is not None:
         bias = attn_bias.to(q.dtype)
         if mask is None:
@@ -104,7 +112,7 @@ def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
         elif mask.dtype == torch.bool:
             mask = bias.masked_fill(~mask, float("-inf"))
         else:
-            mask = bias + mask.to(q.dtype)
+            mask = bias + mask
     empty = None
     if masks.allowed is not None:
         empty = ~masks.allowed.any(dim=-1, keepdim=True)

@@ -28,11 +28,14 @@ class Masks(NamedTuple):
     additive: Tensor | None
 
 
-def _check_broadcast(name: str, mask: Tensor, target: tuple[int, ...]) -> None:
+def check_broadcast(name: str, mask: Tensor, target: tuple[int, ...]) -> None:
+    """Raise unless ``mask`` broadcasts to ``target`` without enlarging it (a mask of batch 3 for B=1 would)."""
     try:
-        torch.broadcast_shapes(mask.shape, target)
+        fits = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
     except RuntimeError:
-        raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Nq, Nk) = {target}") from None
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Nq, Nk) = {target}")
     if mask.dim() > 4:
         raise ValueError(f"{name} must have at most 4 dimensions, got shape {tuple(mask.shape)}")
 
@@ -51,7 +54,7 @@ def normalize_masks(
     target = (B, H, Nq, Nk)
     allowed = additive = None
     if attn_mask is not None:
-        _check_broadcast("attn_mask", attn_mask, target)
+        check_broadcast("attn_mask", attn_mask, target)
         if attn_mask.dtype == torch.bool:
             allowed = attn_mask
         elif attn_mask.is_floating_point():

@@ -19,6 +19,8 @@ parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
 """
 from __future__ import annotations
 
+import inspect
+import numbers
 import re
 from dataclasses import dataclass, field
 from functools import partial
@@ -59,7 +61,9 @@ class Activation:
             raise ValueError(
                 f"activation {self.name!r}: unknown scale {self.scale!r}; expected a float or one of {LENGTH_SCALES}"
             )
-        if isinstance(self.scale, (int, float)) and not (isinstance(self.scale, bool) or self.scale > 0):
+        if isinstance(self.scale, bool) or not isinstance(self.scale, (numbers.Real, str)):
+            raise ValueError(f"activation {self.name!r}: scale must be a float or a name, got {self.scale!r}")
+        if isinstance(self.scale, numbers.Real) and not self.scale > 0:
             raise ValueError(f"activation {self.name!r}: scale must be positive, got {self.scale!r}")
         if self.shift not in (None, "neg_log_n"):
             raise ValueError(f"activation {self.name!r}: unknown shift {self.shift!r}; expected None or 'neg_log_n'")
@@ -112,7 +116,9 @@ def register_activation(name: str, factory: Factory | None = None):
     """Register an activation factory under ``name``; usable as a decorator.
 
     A name with ``{p}`` in it is a family with an integer parameter: the
-    factory is called with ``p=<int>`` first, then the options.
+    factory is called with that integer as its first positional argument, then
+    the options as keywords. A name may not clash with a family's members
+    (``poly3`` with ``poly{p}``), in either order of registration.
     """
 
     def add(fn: Factory) -> Factory:
@@ -120,6 +126,12 @@ def register_activation(name: str, factory: Factory | None = None):
             raise ValueError(f"activation {name!r} is already registered")
         if "{p}" in name:
             pattern = re.compile(re.escape(name).replace(re.escape("{p}"), r"(\d+)") + r"\Z")
+            clash = [known for known in _REGISTRY if pattern.match(known)]
+        else:
+            pattern, clash = None, [family for family, (known, _) in _FAMILIES.items() if known.match(name)]
+        if clash:  # a name and a family member would shadow each other
+            raise ValueError(f"activation {name!r} clashes with the registered {', '.join(clash)}")
+        if pattern is not None:
             _FAMILIES[name] = (pattern, fn)
         else:
             _REGISTRY[name] = fn
@@ -167,10 +179,11 @@ def get_activation(spec: ActivationSpec, **overrides) -> Activation:
                 break
         else:
             raise KeyError(f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}")
-    try:
-        return factory(*args, **options)
+    try:  # check the options against the factory's signature, not errors raised inside it
+        inspect.signature(factory).bind(*args, **options)
     except TypeError as err:
         raise ValueError(f"bad options {options!r} for attention activation {name!r}: {err}") from None
+    return factory(*args, **options)
 
 
 # --------------------------------------------------------------------------- built-ins

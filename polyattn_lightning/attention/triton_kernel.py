@@ -136,7 +136,7 @@ if triton is not None:
                  PV: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per query block: ``out = sum_k c phi(z) V``."""
-        pid, bh = tl.program_id(0), tl.program_id(1)
+        bh, pid = tl.program_id(0), tl.program_id(1)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
@@ -157,7 +157,7 @@ if triton is not None:
                      PV: tl.constexpr, PRECISION: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
-        pid, bh = tl.program_id(0), tl.program_id(1)
+        bh, pid = tl.program_id(0), tl.program_id(1)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         k = _load_rows(K + bh * Nk * D, offs_n, Nk, offs_d, D)
@@ -182,7 +182,7 @@ if triton is not None:
                     PV: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per query block: ``dQ = t sum_k dS K``."""
-        pid, bh = tl.program_id(0), tl.program_id(1)
+        bh, pid = tl.program_id(0), tl.program_id(1)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
@@ -199,6 +199,8 @@ if triton is not None:
 
 
 BLOCK_M = BLOCK_N = 64
+# Grids are (B*H, blocks): CUDA caps grid axes 1 and 2 at 65535 but axis 0 at 2**31 - 1, and
+# B*H (batch x windows x heads for windowed attention) outgrows 65535 long before N / 64 does.
 
 
 class TritonAttention(torch.autograd.Function):
@@ -227,7 +229,7 @@ class TritonAttention(torch.autograd.Function):
             BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
         )
         out = torch.empty(B * H, nq, dv, dtype=dtype, device=q.device)
-        _forward[(triton.cdiv(nq, BLOCK_M), B * H)](q3, k3, v3, out, c, shift, *ctx.args, **ctx.meta)
+        _forward[(B * H, triton.cdiv(nq, BLOCK_M))](q3, k3, v3, out, c, shift, *ctx.args, **ctx.meta)
         ctx.save_for_backward(q3, k3, v3, c, shift)
         ctx.inputs = [(x.shape, x.dtype) for x in (q, k, v)]
         return out.view(B, H, nq, dv).to(v.dtype)
@@ -238,8 +240,8 @@ class TritonAttention(torch.autograd.Function):
         do = grad_out.to(q3.dtype).reshape(q3.shape[0], q3.shape[1], -1).contiguous()
         dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
         bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
-        _backward_kv[(triton.cdiv(nk, BLOCK_N), bh)](q3, k3, v3, do, dk, dv, c, shift, *ctx.args, **ctx.meta)
-        _backward_q[(triton.cdiv(nq, BLOCK_M), bh)](q3, k3, v3, do, dq, c, shift, *ctx.args, **ctx.meta)
+        _backward_kv[(bh, triton.cdiv(nk, BLOCK_N))](q3, k3, v3, do, dk, dv, c, shift, *ctx.args, **ctx.meta)
+        _backward_q[(bh, triton.cdiv(nq, BLOCK_M))](q3, k3, v3, do, dq, c, shift, *ctx.args, **ctx.meta)
         grads = (g.view(shape).to(dtype) for g, (shape, dtype) in zip((dq, dk, dv), ctx.inputs))
         return (*grads, None, None, None, None)
 

@@ -58,3 +58,26 @@ def test_half_precision_with_key_padding(dtype):
     tol = 1e-2 if dtype == torch.float16 else 3e-2
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
     assert all(g.dtype == dtype and g.isfinite().all() for g in _grads(out, (q, k, v)))
+
+
+def test_grids_put_batch_times_heads_on_axis_0(monkeypatch):
+    """Regression: B*H was grid axis 1, which CUDA caps at 65535 (e.g. windowed attention, B x windows x heads)."""
+    from polyattn_lightning.attention import triton_kernel
+
+    grids = {}
+
+    class Recorder:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            grids[self.name] = tuple(grid)
+            return self.kernel[grid]
+
+    for name in ("_forward", "_backward_kv", "_backward_q"):
+        monkeypatch.setattr(triton_kernel, name, Recorder(name, getattr(triton_kernel, name)))
+    q, k, v = make_qkv(B=3, H=2, Nq=70, Nk=130, d=8, dv=8, dtype=torch.float32)
+    out = attention(q, k, v, "poly3", kernel="triton")
+    torch.testing.assert_close(out, reference_attention(q, k, v, "poly3"), rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    assert grids == {"_forward": (6, 2), "_backward_kv": (6, 3), "_backward_q": (6, 2)}

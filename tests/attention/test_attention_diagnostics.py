@@ -49,3 +49,17 @@ def test_softmax_norms_respect_the_paper_bounds():
     q, k, _ = make_qkv(B=1, H=2, Nq=16, Nk=16, dtype=torch.float32)
     phi, jac = attention_norms(q, k, "softmax")
     assert (phi <= 16**0.5).all() and (jac <= 2 * 16**0.5).all()
+
+
+@pytest.mark.parametrize("name", ["softmax", "poly3"])
+def test_norms_take_masks_and_bias_without_a_query_dimension(name):
+    """Regression: a 1-D ``(Nk,)`` additive mask or bias (it broadcasts to (B, H, Nq, Nk), so
+    ``attention()`` takes it) raised IndexError in ``attention_norms``."""
+    q, k, _ = make_qkv()
+    mask_1d = torch.zeros(11, dtype=torch.float64)
+    mask_1d[7:] = float("-inf") if name == "softmax" else -100.0
+    bias_1d = torch.linspace(-1, 1, 11, dtype=torch.float64)
+    got = attention_norms(q, k, name, attn_mask=mask_1d, attn_bias=bias_1d)
+    want = attention_norms(q, k, name, attn_mask=mask_1d.expand(9, 11), attn_bias=bias_1d.expand(9, 11))
+    torch.testing.assert_close(got.phi, want.phi)
+    torch.testing.assert_close(got.jacobian, want.jacobian)

@@ -88,6 +88,23 @@ def test_auto_picks_associative_only_where_exact():
     assert _pick_kernel(q, poly3, None, None, 0.0, None) == "blocked"  # CPU: no Triton
 
 
+
+def test_auto_poly1_with_key_padding_and_attn_mask_matches_reference():
+    """Regression: a key-padding mask together with a pairwise attn_mask sent poly1 to the associative
+    kernel, which then refused the merged (pairwise) mask with a ValueError."""
+    q, k, v = make_qkv()
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[0, 8:] = True
+    pairwise = torch.rand(9, 11, generator=torch.Generator().manual_seed(1)) > 0.3
+    pairwise[2] = False  # a row with no attendable key
+    out = attention(q, k, v, "poly1", key_padding_mask=padding, attn_mask=pairwise)
+    keep = pairwise & ~padding[:, None, None, :]
+    assert_matches_reference_attention(out, reference_attention(q, k, v, "poly1", keep=keep), (q, k, v))
+    swin = torch.where(pairwise, 0.0, -100.0).double()
+    out = attention(q, k, v, "poly1", key_padding_mask=padding, attn_mask=swin)
+    torch.testing.assert_close(out, reference_attention(q, k, v, "poly1", keep=keep))
+
+
 # --------------------------------------------------------------------------- masks
 
 
@@ -128,6 +145,19 @@ def test_bad_masks_are_rejected():
         attention(q, k, v, "poly3", attn_mask=torch.ones(9, 11))  # positive additive values: a bias
     with pytest.raises(ValueError, match="key_padding_mask"):
         attention(q, k, v, "poly3", key_padding_mask=torch.zeros(2, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["softmax", "poly3", "poly1"])
+@pytest.mark.parametrize("what", ["attn_mask", "attn_bias"])
+def test_masks_and_bias_that_would_enlarge_the_batch_are_rejected(name, what):
+    """Regression: a mask or bias that broadcasts to a *larger* (B, H, Nq, Nk), e.g. batch 3 for B = 1, was
+    accepted: non-softmax outputs came back with batch 3 (mask) or used part of the bias, softmax raised deep in SDPA."""
+    q, k, v = make_qkv(B=1)
+    extra = torch.ones(3, 1, 9, 11, dtype=torch.bool) if what == "attn_mask" else torch.zeros(3, 1, 9, 11)
+    with pytest.raises(ValueError, match=f"{what} of shape"):
+        attention(q, k, v, name, **{what: extra})
+    fits = extra[:1].expand(1, 3, 9, 11)
+    assert attention(q, k, v, name, **{what: fits}).shape == (1, 3, 9, 5)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -69,3 +69,33 @@ def test_register_by_call_and_duplicates(clean_registry):
     assert get_activation("halfpoly2").scale == 0.5
     with pytest.raises(ValueError, match="already registered"):
         register_activation("relu", lambda: None)
+
+
+@pytest.mark.parametrize("bad", [True, False, 0, -0.5, float("nan"), [1.0]])
+def test_scale_must_be_a_positive_number_not_a_bool(bad):
+    """Regression: ``scale=True``/``False`` passed validation (and False made every output zero)."""
+    with pytest.raises(ValueError, match="scale must be"):
+        get_activation("poly3", scale=bad)
+
+
+def test_a_name_may_not_shadow_a_family_member_or_the_reverse(clean_registry):
+    """Regression: registering ``poly3`` silently replaced the ``poly{p}`` family's poly3 everywhere."""
+    with pytest.raises(ValueError, match=r"clashes with the registered poly\{p\}"):
+        register_activation("poly3", lambda: get_activation("relu"))
+    assert get_activation("poly3").kernel == ("poly", 3)
+    register_activation("gate7", lambda: get_activation("relu"))
+    with pytest.raises(ValueError, match="clashes with the registered gate7"):
+        register_activation("gate{p}", lambda p: get_activation("relu"))
+
+
+def test_an_error_inside_a_factory_is_not_reported_as_bad_options(clean_registry):
+    """Regression: any TypeError raised inside a factory was reported as 'bad options {}'."""
+
+    @register_activation("broken")
+    def broken():
+        return Activation("broken", torch.tanh, None + 1)
+
+    with pytest.raises(TypeError, match="NoneType"):
+        get_activation("broken")
+    with pytest.raises(ValueError, match="bad options"):
+        get_activation({"name": "relu", "power": 2})

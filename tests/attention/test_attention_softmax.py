@@ -30,3 +30,20 @@ def test_softmax_key_padding_and_fully_masked_rows_give_zeros():
     torch.testing.assert_close(out[0, :, keep.any(-1)], expected[0, :, keep.any(-1)])
     out.sum().backward()
     assert all(x.grad.isfinite().all() for x in (q, k, v))
+
+
+def test_additive_mask_of_another_float_dtype_is_accepted_like_on_the_other_kernels():
+    """Regression: SDPA refused an additive mask whose dtype was neither fp32 nor q's (an fp64 mask
+    with fp32 q, an fp16 mask with bf16 q, an fp64 mask under autocast); the other kernels take it."""
+    q, k, v = make_qkv(dtype=torch.float32)
+    swin = torch.zeros(9, 11, dtype=torch.float64)
+    swin[:, 8:] = -100.0
+    s = q @ k.transpose(-2, -1) / 2 + swin.float()
+    expected = s.softmax(-1) @ v
+    torch.testing.assert_close(attention(q, k, v, "softmax", attn_mask=swin), expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v, "softmax", attn_mask=swin)
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+    half = [x.detach().bfloat16() for x in (q, k, v)]
+    out = attention(*half, "softmax", attn_mask=swin.half())
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
