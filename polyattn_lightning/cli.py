@@ -7,13 +7,16 @@ project's are imported first, so their short names (``ClassificationModule``,
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
+from .checkpoint import CheckpointLoadError, load_checkpoint
 
 #: TensorBoardLogger's default run name, which the CLI replaces with the config file's name.
 DEFAULT_RUN_NAME = "lightning_logs"
@@ -26,16 +29,61 @@ def default_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
 
 
+class KeepingSaveConfigCallback(SaveConfigCallback):
+    """Saves the resolved config in the run's log directory, never over an earlier run's.
+
+    A run that logs into an existing directory (a requeued SLURM job keeps its
+    ``slurm-<job id>`` version; ``--trainer.logger.init_args.version`` given
+    again) writes ``config.1.yaml``, ``config.2.yaml``... beside ``config.yaml``
+    where Lightning's callback would abort the run.
+    """
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved and self.save_to_log_dir and not self.overwrite:
+            log_dir = trainer.log_dir  # broadcast from rank 0
+            stem, suffix = os.path.splitext(self.config_filename)
+            name, count = self.config_filename, 0
+            if trainer.is_global_zero:
+                fs = get_filesystem(log_dir)
+                while fs.isfile(os.path.join(log_dir, name)):
+                    count += 1
+                    name = f"{stem}.{count}{suffix}"
+            self.config_filename = trainer.strategy.broadcast(name)
+        super().setup(trainer, pl_module, stage)
+
+
 class PolyattnCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"trainer.precision": default_precision()})
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning reads ``--ckpt_path``'s hyperparameters with a bare ``torch.load``, whose errors
+        (``OSError: [Errno 22] Invalid argument`` for a truncated file) do not name the file: when that
+        fails, load the file the safe way, which raises a :class:`CheckpointLoadError` naming it and why."""
+        try:
+            super()._parse_ckpt_path()
+        except Exception:
+            subcommand = self.config.get("subcommand")
+            ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+            if not ckpt_path or not Path(ckpt_path).is_file():
+                raise
+            try:
+                load_checkpoint(ckpt_path)
+            except CheckpointLoadError as err:
+                raise err from err.__cause__  # without the bare torch.load traceback as context
+            raise
+
     def before_instantiate_classes(self) -> None:
-        """Log to ``runs/<config name>/version_N`` unless the logger was given a name."""
+        """Log to ``runs/<config name>/version_N`` unless the logger was given a name; with
+        ``--ckpt_path``, build the model without its ``pretrained`` file: the checkpoint's weights
+        replace those anyway, and resuming or evaluating a fine-tuned run must not need that file."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         logger, files = config.trainer.logger, config.get("config")
         if files and hasattr(logger, "init_args") and logger.init_args.get("name") == DEFAULT_RUN_NAME:
             logger.init_args.name = Path(str(files[-1])).stem
+        model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
+        if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
+            model_args.pretrained = None
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
@@ -46,6 +94,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         auto_configure_optimizers=False,  # the tasks build their own optimizer from their recipe
+        save_config_callback=KeepingSaveConfigCallback,
         args=args,
         run=run,
     )

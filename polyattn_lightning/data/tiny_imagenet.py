@@ -47,9 +47,12 @@ class TinyImageNetDataModule(ImageFolderDataModule):
             raise FileNotFoundError(f"{root}: {err}; expected layout:\n{self.layout}") from None
         val = []
         for line_no, line in enumerate(annotations.read_text().splitlines(), 1):
-            if not line.strip():
+            fields = line.split()  # tab-separated in the official file; other whitespace is taken too
+            if not fields:
                 continue
-            name, wnid = line.split("\t")[:2]
+            if len(fields) < 2:
+                raise ValueError(f"{annotations}:{line_no}: expected '<file>\\t<wnid>\\t...', got {line!r}")
+            name, wnid = fields[:2]
             if wnid not in class_to_idx:
                 raise ValueError(f"{annotations}:{line_no}: wnid {wnid!r} is not in {wnids_file}")
             val.append((str(root / "val" / "images" / name), class_to_idx[wnid]))

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import timm
+from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import CheckpointLoadError, _describe, load_checkpoint
 
 #: Weight files a Hugging Face snapshot of a timm model holds, in order of preference.
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -49,6 +50,21 @@ def resolve_pretrained_file(path: str | Path) -> Path:
     )
 
 
+def check_weight_file(file: Path) -> None:
+    """Raise a :class:`CheckpointLoadError` naming ``file`` if it cannot be read as weights.
+
+    timm's own errors for a damaged file (``[Errno 22] Invalid argument``, ``header too large``) do not name it.
+    """
+    if file.suffix != ".safetensors":
+        load_checkpoint(file)  # weights_only, with a CRC check of every record; timm loads it again
+        return
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass  # opening checks the header and that the tensors' byte ranges fit the file
+    except Exception as err:
+        raise CheckpointLoadError(f"pretrained weights {file} are truncated or corrupt ({_describe(err)})") from err
+
+
 def pretrained_overlay(path: str | Path) -> dict[str, Any]:
     """timm's ``pretrained_cfg_overlay`` for local weights.
 
@@ -59,6 +75,7 @@ def pretrained_overlay(path: str | Path) -> dict[str, Any]:
     """
     file = resolve_pretrained_file(path)
     if file.suffix != ".ckpt":
+        check_weight_file(file)
         return dict(file=str(file))
     checkpoint = load_checkpoint(file)
     state = checkpoint["state_dict"]

@@ -1,13 +1,18 @@
 """The CLI: every config parses, and `fit` runs on the quickstart and on JPEG layouts on disk."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import timm
 import yaml
 
+import torch
+
 from polyattn_lightning import cli
+from polyattn_lightning.tasks.models import create_timm_model
 from polyattn_lightning.attention import get_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -63,6 +68,12 @@ def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu(capsys, monkeypatch):
     assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == "bf16-mixed"
 
 
+def test_python_m_help_names_the_command():
+    result = subprocess.run([sys.executable, "-m", "polyattn_lightning", "fit", "--help"], capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.startswith("usage: python -m polyattn_lightning [options] fit")
+
+
 def test_quickstart_fit_fast_dev_run_through_main(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli.main(["fit", "--config", str(QUICKSTART), "--trainer.fast_dev_run", "2"])
@@ -75,6 +86,38 @@ def test_quickstart_learns(tmp_path, monkeypatch):
     assert trained.trainer.global_step == 176
     assert trained.trainer.callback_metrics["val/top1"] > 0.5
     assert (tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_run_in_an_earlier_runs_log_dir_keeps_its_config(tmp_path, monkeypatch):
+    """A requeued SLURM job logs into the same ``slurm-<job id>`` version: it must run, and not overwrite the config."""
+    monkeypatch.chdir(tmp_path)
+    args = ("--config", str(QUICKSTART), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
+            "--trainer.limit_val_batches", "1", "--trainer.logger.init_args.version", "slurm-7")
+    log_dir = tmp_path / "runs" / "quickstart" / "slurm-7"
+    fit(*args)
+    first = (log_dir / "config.yaml").read_text()
+    (log_dir / "config.yaml").write_text(first + "# the user's note\n")
+    second = fit(*args, "--ckpt_path", str(log_dir / "checkpoints" / "last.ckpt"), "--trainer.max_epochs", "2")
+    assert second.trainer.global_step == 2
+    assert (log_dir / "config.yaml").read_text() == first + "# the user's note\n"
+    assert yaml.safe_load((log_dir / "config.1.yaml").read_text())["trainer"]["max_epochs"] == 2
+
+
+def test_resuming_a_fine_tuned_run_does_not_need_the_pretrained_file(tmp_path, monkeypatch):
+    """The checkpoint holds the weights: the pretrained file it started from may be gone."""
+    monkeypatch.chdir(tmp_path)
+    weights = tmp_path / "pretrained.pth"
+    model_args = yaml.safe_load(QUICKSTART.read_text())["model"]["init_args"]
+    model = create_timm_model(
+        model_args["model_name"], model_args["num_classes"], model_args["img_size"], **model_args["model_kwargs"]
+    )
+    torch.save(model.state_dict(), weights)
+    args = ("--config", str(QUICKSTART), "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
+    fit(*args, "--trainer.max_epochs", "1", "--model.init_args.pretrained", str(weights))
+    weights.unlink()
+    ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    resumed = fit(*args, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt))
+    assert resumed.trainer.global_step == 4
 
 
 def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):

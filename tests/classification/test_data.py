@@ -65,6 +65,22 @@ def test_tiny_imagenet_without_wnids_names_the_file(tiny_imagenet: Path):
         TinyImageNetDataModule(str(tiny_imagenet)).setup("fit")
 
 
+def test_tiny_imagenet_malformed_annotation_line_is_named(tiny_imagenet: Path):
+    annotations = tiny_imagenet / "val" / "val_annotations.txt"
+    annotations.write_text(annotations.read_text() + "val_99.JPEG\n")
+    lines = len(annotations.read_text().splitlines())
+    with pytest.raises(ValueError, match=rf"{annotations}:{lines}: expected .*'val_99.JPEG'"):
+        TinyImageNetDataModule(str(tiny_imagenet)).setup("fit")
+
+
+def test_tiny_imagenet_annotations_separated_by_spaces_are_read(tiny_imagenet: Path):
+    annotations = tiny_imagenet / "val" / "val_annotations.txt"
+    annotations.write_text(annotations.read_text().replace("\t", " "))
+    data = TinyImageNetDataModule(str(tiny_imagenet))
+    data.setup("fit")
+    assert len(data.val_set) == 2 * data.num_classes
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
 def test_corrupt_jpeg_error_names_the_file_through_a_worker(image_folder: Path, damage: str):
     victim = sorted((image_folder / "train").rglob("*.JPEG"))[0]

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.checkpoint import CheckpointLoadError
 from polyattn_lightning.tasks import ClassificationModule, OptimRecipe
 from polyattn_lightning.tasks.models import resolve_pretrained_file
 from polyattn_lightning.tasks.optim import build_optimizer, build_scheduler, global_batch_size
@@ -70,6 +71,17 @@ def test_missing_pretrained_file_is_named(tmp_path: Path):
     missing = tmp_path / "nope.safetensors"
     with pytest.raises(FileNotFoundError, match=rf"pretrained weights {missing} not found"):
         tiny_module(pretrained=str(missing))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_truncated_pretrained_file_is_named(tmp_path: Path, suffix: str):
+    """timm's own errors for these are ``header too large`` / ``[Errno 22] Invalid argument``, naming no file."""
+    good, bad = tmp_path / f"good{suffix}", tmp_path / f"bad{suffix}"
+    state = tiny_timm_model().state_dict()
+    save_file(state, good) if suffix == ".safetensors" else torch.save(state, good)
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointLoadError, match=rf"{bad} .*truncated or corrupt"):
+        tiny_module(pretrained=str(bad))
 
 
 def test_hf_cache_directory_with_several_snapshots_needs_one_named(tmp_path: Path):

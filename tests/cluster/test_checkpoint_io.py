@@ -130,6 +130,15 @@ def test_resuming_from_a_damaged_checkpoint_fails_naming_it(cli_checkpoint, tmp_
         trainer.fit(tiny_classifier(), digits(batch_size=32), ckpt_path=bad)
 
 
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_cli_ckpt_path_to_a_damaged_checkpoint_names_it(cli_checkpoint, tmp_path, subcommand):
+    """The CLI reads ``--ckpt_path``'s hyperparameters before the trainer loads it: that read must name the file too."""
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(cli_checkpoint.read_bytes()[: cli_checkpoint.stat().st_size // 2])
+    with pytest.raises(CheckpointLoadError, match=re.escape(f"{bad} is truncated or corrupt")):
+        main([subcommand, "--config", str(QUICKSTART), "--ckpt_path", str(bad)])  # fails before running
+
+
 def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     target = tmp_path / "last.ckpt"
     SafeCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(1000)}, target)
