@@ -120,6 +120,19 @@ def test_resuming_a_fine_tuned_run_does_not_need_the_pretrained_file(tmp_path, m
     assert resumed.trainer.global_step == 4
 
 
+def test_predict_saves_probabilities_for_every_sample_in_data_set_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ("--config", str(QUICKSTART), "--trainer.enable_progress_bar", "false")
+    trained = fit(*args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
+    ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    cli.make_cli(["predict", *args, "--ckpt_path", str(ckpt)])
+    saved = torch.load(tmp_path / "runs" / "quickstart" / "version_1" / "predictions" / "rank0.pt", weights_only=True)
+    val_set = trained.datamodule.val_set
+    assert saved["predictions"].shape == (len(val_set), 10)
+    torch.testing.assert_close(saved["predictions"].sum(dim=1), torch.ones(len(val_set)))
+    assert saved["indices"].tolist() == list(range(len(val_set)))
+
+
 def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["--trainer.accumulate_grad_batches", "2", "--model.recipe.optim.reference_batch", "512"]

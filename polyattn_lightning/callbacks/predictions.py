@@ -1,0 +1,42 @@
+"""Keep what ``lightning predict`` computes: Lightning itself only returns it to the caller."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from ..checkpoint import atomic_save
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Saves each rank's predictions to ``<log dir>/<dirname>/rank<k>.pt`` at the end of ``predict``.
+
+    A file holds ``{"predictions": Tensor, "indices": Tensor}``: the concatenated
+    ``predict_step`` outputs (class probabilities for classification) and the
+    index of each row in the predict data set, so the ranks' files merge back
+    into data-set order.
+    """
+
+    def __init__(self, dirname: str = "predictions"):
+        super().__init__(write_interval="epoch")
+        self.dirname = dirname
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+        # Lightning nests both per predict loader (batch_indices even for a single one): flatten
+        outputs = torch.cat([p.cpu() for p in _flatten(predictions)])
+        indices = torch.tensor(list(_flatten(batch_indices)), dtype=torch.long)
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
+        atomic_save(
+            {"predictions": outputs, "indices": indices},
+            out_dir / f"rank{trainer.global_rank}.pt",
+        )
+
+
+def _flatten(items):
+    """The leaves (tensors or ints) of nested lists, in order."""
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield item
