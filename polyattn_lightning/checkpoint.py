@@ -67,10 +67,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_
             )
         else:
             message = f"cannot load checkpoint {path}"
-        raise CheckpointLoadError(f"{message} ({_describe(err)})") from err
+        raise CheckpointLoadError(f"{message} ({describe_error(err)})") from err
 
 
-def _describe(err: Exception) -> str:
+def describe_error(err: Exception) -> str:
     """The exception's type and what torch's long messages come down to: their last line but the doc link."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     last = next((line for line in reversed(lines) if not line.startswith("Check the documentation")), "")

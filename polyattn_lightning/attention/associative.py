@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .registry import compute_dtype
+
 
 def associative(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
     """``kernels.run`` signature; ``allowed`` may only be a key-padding mask ``(B?, 1, 1, Nk)``."""
@@ -20,7 +22,7 @@ def associative(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
         raise ValueError("the associative kernel supports neither attn_bias nor dropout")
     if allowed is not None and (allowed.shape[-2] != 1 or allowed.shape[-3] != 1):
         raise ValueError("the associative kernel supports only a key-padding mask, not a pairwise attn_mask")
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(q)
     with torch.autocast(q.device.type, enabled=False):
         keys = k.to(dtype)
         if allowed is not None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .registry import Activation
+from .registry import Activation, compute_dtype
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
 #: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
@@ -209,17 +209,13 @@ def _transposed(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 class BlockedAttention(torch.autograd.Function):
     """``out = c(n) * mask(f(S + b(n) + bias)) @ v``, computed and differentiated tile by tile."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float, tile_elements: int):
         shape4 = (*q.shape[:3], k.shape[-2])
-        dtype = _compute_dtype(q)
+        dtype = compute_dtype(q)
         with torch.autocast(q.device.type, enabled=False):
             n = n.to(dtype)
             row_scale = act.row_scale(n) / (1.0 - dropout_p)

@@ -21,8 +21,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import check_broadcast, keys_per_row, normalize_masks
-from .registry import ActivationSpec, get_activation
+from .functional import resolve_scores
+from .masks import keys_per_row
+from .registry import ActivationSpec
 
 #: Elements of one ``(B, H, rows, Nk)`` score block.
 BLOCK_ELEMENTS = 1 << 22
@@ -48,11 +49,7 @@ def attention_norms(
     attn_bias: Tensor | None = None,
 ) -> AttentionNorms:
     """``||phi(S)||_F`` and ``||d phi(S)/dS||_F`` per head, for the scores ``attention()`` would use."""
-    act = get_activation(activation, scale=scale)
-    t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
-    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
-    if attn_bias is not None:
-        check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
+    act, t, masks = resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias)
     allowed = masks.allowed
     n = keys_per_row(allowed, k.shape[-2], q.device)
     B, H, nq, _ = q.shape

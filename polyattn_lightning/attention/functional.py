@@ -11,11 +11,13 @@ Dispatch, in order:
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from .masks import check_broadcast, keys_per_row, normalize_masks
-from .registry import ActivationSpec, get_activation
+from .masks import Masks, check_broadcast, keys_per_row, normalize_masks
+from .registry import Activation, ActivationSpec, get_activation
 
 KERNELS = ("auto", "sdpa", "associative", "triton", "blocked", "materialized")
 
@@ -51,11 +53,7 @@ def attention(
     the output has the input dtype. A query with no attendable key gets a zero output.
     """
     _check_inputs(q, k, v, dropout_p, kernel)
-    act = get_activation(activation, scale=scale)
-    t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
-    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
-    if attn_bias is not None:
-        check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
+    act, t, masks = resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias)
     if act.is_softmax:
         if kernel not in ("auto", "sdpa"):
             raise ValueError(f"softmax runs only on kernel 'sdpa', not {kernel!r}")
@@ -69,6 +67,24 @@ def attention(
     from . import kernels  # late import: kernels import this module's helpers
 
     return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p)
+
+
+class ScoreSpec(NamedTuple):
+    """What turns ``q k^T`` into ``phi(S)``: the activation, the temperature and the normalised masks."""
+
+    act: Activation
+    t: float
+    masks: Masks
+
+
+def resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias) -> ScoreSpec:
+    """Resolve ``attention()``'s score arguments once, for it and for the diagnostics that mirror it."""
+    act = get_activation(activation, scale=scale)
+    t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
+    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
+    if attn_bias is not None:
+        check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
+    return ScoreSpec(act, t, masks)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str) -> None:

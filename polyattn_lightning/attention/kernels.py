@@ -19,12 +19,13 @@ from torch import Tensor
 
 from .associative import associative
 from .blocked import blocked
+from .registry import compute_dtype
 from .triton_kernel import triton_attention
 
 
 def materialized(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
     """The whole ``N x N`` score matrix at once: simplest, for small shapes and as a reference."""
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(q)
     with torch.autocast(q.device.type, enabled=False):
         s = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * t
         if bias is not None:

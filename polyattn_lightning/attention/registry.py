@@ -102,9 +102,14 @@ class Activation:
         return self.row_scale(n) * self.grad(scores + self.row_shift(n))
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of non-softmax scores and ``phi(S)``: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 (gradcheck)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _counts_like(n: Tensor | float, scores: Tensor) -> Tensor:
-    """Key counts as a tensor at least fp32, fp64 for fp64 scores (so gradcheck sees no fp32 rounding)."""
-    return torch.as_tensor(n, dtype=torch.promote_types(scores.dtype, torch.float32), device=scores.device)
+    """Key counts as a tensor in the scores' compute dtype (so gradcheck sees no fp32 rounding)."""
+    return torch.as_tensor(n, dtype=compute_dtype(scores), device=scores.device)
 
 
 Factory = Callable[..., Activation]
@@ -252,6 +257,7 @@ __all__ = [
     "Activation",
     "ActivationSpec",
     "LENGTH_SCALES",
+    "compute_dtype",
     "describe",
     "get_activation",
     "register_activation",

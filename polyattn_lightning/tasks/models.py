@@ -9,7 +9,7 @@ import timm
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import CheckpointLoadError, _describe, load_checkpoint
+from ..checkpoint import CheckpointLoadError, describe_error, load_checkpoint
 
 #: Weight files a Hugging Face snapshot of a timm model holds, in order of preference.
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -62,7 +62,7 @@ def check_weight_file(file: Path) -> None:
         with safe_open(str(file), framework="pt"):
             pass  # opening checks the header and that the tensors' byte ranges fit the file
     except Exception as err:
-        raise CheckpointLoadError(f"pretrained weights {file} are truncated or corrupt ({_describe(err)})") from err
+        raise CheckpointLoadError(f"pretrained weights {file} are truncated or corrupt ({describe_error(err)})") from err
 
 
 def pretrained_overlay(path: str | Path) -> dict[str, Any]:
