@@ -199,7 +199,7 @@ def _as_4d(x: Tensor) -> Tensor:
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
 
 
-def _as_bh(x: Tensor, dtype: torch.dtype) -> Tensor:
+def flatten_heads(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``(B, H, N, d)`` -> contiguous ``(B*H, N, d)`` in the compute dtype."""
     return x.to(dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
 
@@ -228,7 +228,7 @@ class BlockedAttention(torch.autograd.Function):
                 dropout_p,
                 int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0,
             )
-            q_t, k_t, v3 = _as_bh(q, dtype) * t, _transposed(_as_bh(k, dtype)), _as_bh(v, dtype)
+            q_t, k_t, v3 = flatten_heads(q, dtype) * t, _transposed(flatten_heads(k, dtype)), flatten_heads(v, dtype)
             out = torch.zeros(*q_t.shape[:2], v.shape[-1], dtype=dtype, device=q.device)
             scores = _Scratch(tiles, q_t)
             for index, where in tiles.blocks():
@@ -248,9 +248,9 @@ class BlockedAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             # Operands in both layouts, so that no product needs a transposed tile;
             # dK and dV accumulate transposed, (B*H, d, Nk).
-            q_t, k3 = _as_bh(q, dtype) * t, _as_bh(k, dtype)
-            do = _as_bh(grad_out.to(dtype) * row_scale, dtype)  # c(n) folded into dO
-            q_tt, k_t, v_t, do_t = _transposed(q_t), _transposed(k3), _transposed(_as_bh(v, dtype)), _transposed(do)
+            q_t, k3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype)
+            do = flatten_heads(grad_out.to(dtype) * row_scale, dtype)  # c(n) folded into dO
+            q_tt, k_t, v_t, do_t = _transposed(q_t), _transposed(k3), _transposed(flatten_heads(v, dtype)), _transposed(do)
             dq, dk_t, dv_t = torch.zeros_like(q_t), torch.zeros_like(k_t), torch.zeros_like(v_t)
             want_bias = bias is not None and ctx.needs_input_grad[3]
             dbias = torch.zeros_like(tiles.bias) if want_bias else None

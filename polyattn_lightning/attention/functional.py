@@ -5,8 +5,8 @@ Dispatch, in order:
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
-3. An activation the Triton kernel knows, on CUDA, with no bias or dropout
-   -> the fused Triton kernel.
+3. A built-in elementwise activation with no bias or dropout -> a fused
+   kernel: Triton on CUDA, C++ on CPU.
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor
 from .masks import Masks, check_broadcast, keys_per_row, normalize_masks
 from .registry import Activation, ActivationSpec, get_activation
 
-KERNELS = ("auto", "sdpa", "associative", "triton", "blocked", "materialized")
+KERNELS = ("auto", "sdpa", "associative", "triton", "fused_cpu", "blocked", "materialized")
 
 
 def attention(
@@ -108,10 +108,14 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
     pairwise_mask = allowed is not None and key_padding_mask is None
     if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
         return "associative"
+    from .fused_cpu import fused_cpu_supports
     from .triton_kernel import triton_supports
 
-    if attn_bias is None and dropout_p == 0.0 and triton_supports(q, act):  # the fused kernel has neither
-        return "triton"
+    if attn_bias is None and dropout_p == 0.0:  # the fused kernels have neither
+        if triton_supports(q, act):
+            return "triton"
+        if fused_cpu_supports(q, act):
+            return "fused_cpu"
     return "blocked"
 
 

@@ -7,7 +7,8 @@ bias or None), ``n`` (keys per row, fp32) and ``dropout_p``. Scores and
 ``v``'s dtype.
 
 * ``materialized``: the whole ``N x N`` at once; simple, a reference.
-* ``blocked``: tiles, custom backward; CPU and GPU (``blocked.py``).
+* ``blocked``: tiles, custom backward; CPU and GPU, any activation (``blocked.py``).
+* ``fused_cpu``: the same walk in C++, the fast path on CPU (``fused_cpu.py``).
 * ``associative``: ``poly1`` as ``q (k^T v)`` (``associative.py``).
 * ``triton``: fused CUDA kernel (``triton_kernel.py``).
 """
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from .associative import associative
 from .blocked import blocked
+from .fused_cpu import fused_cpu
 from .registry import compute_dtype
 from .triton_kernel import triton_attention
 
@@ -41,6 +43,7 @@ def materialized(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
 _KERNELS = {
     "materialized": materialized,
     "blocked": blocked,
+    "fused_cpu": fused_cpu,
     "associative": associative,
     "triton": triton_attention,
 }

@@ -35,6 +35,10 @@ ElementwiseFn = Callable[[Tensor], Tensor]
 LENGTH_SCALES = ("inv_sqrt_n", "inv_n", "none")
 
 
+#: Codes of the activation forms the fused kernels implement, by ``Activation.kernel[0]``.
+FUSED_FORMS = {"poly": 0, "relu": 1, "softplus": 2, "sigmoid": 3}
+
+
 @dataclass(frozen=True)
 class Activation:
     """A resolved attention activation ``phi(S) = c(n) * f(S + b(n))``.
@@ -42,8 +46,8 @@ class Activation:
     ``softmax`` is the one non-elementwise activation (``fn`` is None); it is
     dispatched to PyTorch's fused ``scaled_dot_product_attention``.
     ``kernel`` names the fused-kernel form (``("poly", 3)``, ``("relu",)``...)
-    for activations the Triton kernel knows; custom activations leave it None
-    and run on the blocked PyTorch kernel.
+    for activations the fused kernels (C++ on CPU, Triton on CUDA) know; custom
+    activations leave it empty and run on the blocked PyTorch kernel.
     """
 
     name: str
@@ -87,6 +91,20 @@ class Activation:
             return -torch.log(n.clamp_min(1))
         return torch.zeros_like(n)
 
+    @property
+    def fused_form(self) -> tuple[int, int] | None:
+        """``(form code, power)`` as the fused kernels take it, or None for a form they do not know."""
+        if self.kernel[:1] == () or self.kernel[0] not in FUSED_FORMS:
+            return None
+        return FUSED_FORMS[self.kernel[0]], (self.kernel[1] if self.kernel[0] == "poly" else 1)
+
+    def per_row(self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(c(n), b(n))`` as contiguous ``(B*H, Nq)`` tensors, the fused kernels' layout."""
+        batch, heads, nq, _ = shape4
+        n = n.to(dtype)
+        return tuple(x.expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
+                     for x in (self.row_scale(n), self.row_shift(n)))
+
     def __call__(self, scores: Tensor, n: Tensor | float) -> Tensor:
         """``phi(S)`` on materialised scores; ``n`` broadcasts against ``scores``."""
         if self.is_softmax:
@@ -115,6 +133,9 @@ def _counts_like(n: Tensor | float, scores: Tensor) -> Tensor:
 Factory = Callable[..., Activation]
 _REGISTRY: dict[str, Factory] = {}
 _FAMILIES: dict[str, tuple[re.Pattern, Factory]] = {}
+#: Resolved specs, ``(name, sorted options) -> Activation``: models pass their spec on every
+#: call, and resolving one (signature check included) costs some 100 us. Emptied by each registration.
+_RESOLVED: dict[tuple, Activation] = {}
 
 
 def register_activation(name: str, factory: Factory | None = None):
@@ -140,6 +161,7 @@ def register_activation(name: str, factory: Factory | None = None):
             _FAMILIES[name] = (pattern, fn)
         else:
             _REGISTRY[name] = fn
+        _RESOLVED.clear()
         return fn
 
     return add(factory) if factory is not None else add
@@ -173,7 +195,18 @@ def get_activation(spec: ActivationSpec, **overrides) -> Activation:
     else:
         raise TypeError(f"activation must be a name, a mapping with 'name', or an Activation; got {type(spec).__name__}")
     options.update({k: v for k, v in overrides.items() if v is not None})
+    key = (name, tuple((option, type(value), value) for option, value in sorted(options.items())))
+    try:
+        activation = _RESOLVED.get(key)
+    except TypeError:  # an unhashable option value: resolve without the cache
+        return _resolve(name, options)
+    if activation is None:
+        activation = _RESOLVED[key] = _resolve(name, options)
+    return activation
 
+
+def _resolve(name: str, options: dict) -> Activation:
+    """Build the activation registered under ``name`` with ``options``."""
     if name in _REGISTRY:
         factory, args = _REGISTRY[name], ()
     else:

@@ -37,8 +37,6 @@ try:
 except ImportError:  # CPU-only installs: the blocked kernel runs instead
     triton = None
 
-#: Activation forms the kernel knows, by ``Activation.kernel[0]``.
-FORMS = {"poly": 0, "relu": 1, "softplus": 2, "sigmoid": 3}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -53,7 +51,7 @@ def triton_supports(q: Tensor, act) -> bool:
     return (
         triton is not None
         and (q.is_cuda or interpreting())
-        and act.kernel[:1] in {(name,) for name in FORMS}
+        and act.fused_form is not None
         and q.dtype in _DTYPES
         and q.shape[-1] <= 256
     )
@@ -215,13 +213,13 @@ class TritonAttention(torch.autograd.Function):
         nk, dv = k.shape[-2], v.shape[-1]
         dtype = q.dtype
         q3, k3, v3 = (x.to(dtype).reshape(B * H, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
-        c, shift = (_per_row(x, B, H, nq) for x in (act.row_scale(n), act.row_shift(n)))
+        c, shift = act.per_row(n, (B, H, nq, nk), torch.float32)
         mask = None if allowed is None else allowed.to(torch.uint8).expand(B, H, nq, nk)
         # runtime arguments after the tensors, then the compile-time ones, shared by all three kernels
         mask_strides = (0,) * 4 if mask is None else mask.stride()
         ctx.args = (q3 if mask is None else mask, float(t), nq, nk, H, d, dv, *mask_strides)
         ctx.meta = dict(
-            FORM=FORMS[act.kernel[0]], POWER=act.kernel[1] if act.kernel[0] == "poly" else 1,
+            FORM=act.fused_form[0], POWER=act.fused_form[1],
             HAS_MASK=mask is not None,
             QK=_tl_dtype(dtype), PV=_tl_dtype(torch.bfloat16 if dtype == torch.bfloat16 else torch.float32),
             PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
@@ -244,11 +242,6 @@ class TritonAttention(torch.autograd.Function):
         _backward_q[(bh, triton.cdiv(nq, BLOCK_M))](q3, k3, v3, do, dq, c, shift, *ctx.args, **ctx.meta)
         grads = (g.view(shape).to(dtype) for g, (shape, dtype) in zip((dq, dk, dv), ctx.inputs))
         return (*grads, None, None, None, None)
-
-
-def _per_row(x: Tensor, B: int, H: int, nq: int) -> Tensor:
-    """A per-row quantity broadcastable to ``(B, H, Nq, 1)`` as a contiguous fp32 ``(B*H, Nq)``."""
-    return x.float().expand(B, H, nq, 1).reshape(B * H, nq).contiguous()
 
 
 def _tl_dtype(dtype: torch.dtype):

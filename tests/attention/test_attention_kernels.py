@@ -1,14 +1,18 @@
 """The non-softmax kernels against the plain-PyTorch reference: values, gradients, masks, dtypes, dropout."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from attention_reference import ELEMENTWISE, make_qkv, reference_attention
 
-from polyattn_lightning.attention import attention, blocked, get_activation
+from polyattn_lightning.attention import Activation, attention, blocked, fused_cpu, get_activation
 from polyattn_lightning.attention.functional import _pick_kernel
 
-QUADRATIC = ["materialized", "blocked"]
+QUADRATIC = ["materialized", "blocked", "fused_cpu"]
 
 
 def _grads(out, inputs):
@@ -25,9 +29,20 @@ def assert_matches_reference_attention(out, expected, inputs):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Tiles of 3 keys and >= 16 queries, so shapes below span several ragged blocks."""
+    """Tiles of 3 keys and a few queries, so shapes below span several ragged blocks."""
     monkeypatch.setattr(blocked, "MAX_KEY_BLOCK", 3)
     monkeypatch.setattr(blocked, "TILE_ELEMENTS", 64)
+    monkeypatch.setattr(fused_cpu, "FORWARD_BLOCK", (4, 3))
+    monkeypatch.setattr(fused_cpu, "BACKWARD_BLOCK", (5, 3))
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Run with one and with two intra-op threads (the fused kernel splits work differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("kernel", QUADRATIC)
@@ -45,6 +60,24 @@ def test_blocked_with_ragged_blocks_and_nq_ne_nk(name, small_tiles):
     bias = torch.randn(2, 37, 10, dtype=q.dtype, requires_grad=True)
     out = attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="blocked")
     assert_matches_reference_attention(out, reference_attention(q, k, v, name, keep=keep, bias=bias), (q, k, v, bias))
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_fused_cpu_with_ragged_blocks_and_nq_ne_nk(name, heads, small_tiles, threads):
+    """One head on two threads splits each head's keys across threads, which then sum private dQ buffers."""
+    q, k, v = make_qkv(B=1, H=heads, Nq=37, Nk=10)  # 37 = 9 x 4 + 1 queries, 10 = 3 x 3 + 1 keys per tile
+    keep = torch.rand(1, 1, 37, 10, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[..., 5, :] = False  # a row with no attendable key
+    out = attention(q, k, v, name, attn_mask=keep, kernel="fused_cpu")
+    assert_matches_reference_attention(out, reference_attention(q, k, v, name, keep=keep), (q, k, v))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_gradcheck_fused_cpu(name, small_tiles, threads):
+    q, k, v = make_qkv(B=1, H=1, Nq=17, Nk=5, d=3, dv=2)
+    keep = torch.tensor([True, True, False, True, True])
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, name, attn_mask=keep, kernel="fused_cpu"), (q, k, v))
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -83,9 +116,27 @@ def test_auto_picks_associative_only_where_exact():
     key_padding = torch.zeros(2, 1, 1, 11, dtype=torch.bool)
     assert _pick_kernel(q, poly1, None, None, 0.0, None) == "associative"
     assert _pick_kernel(q, poly1, key_padding, None, 0.0, torch.zeros(2, 11, dtype=torch.bool)) == "associative"
-    assert _pick_kernel(q, poly1, key_padding, None, 0.0, None) == "blocked"  # a pairwise attn_mask
-    assert _pick_kernel(q, poly1, None, torch.zeros(1), 0.0, None) == "blocked"
-    assert _pick_kernel(q, poly3, None, None, 0.0, None) == "blocked"  # CPU: no Triton
+    assert _pick_kernel(q, poly1, key_padding, None, 0.0, None) == "fused_cpu"  # a pairwise attn_mask
+    assert _pick_kernel(q, poly1, None, torch.zeros(1), 0.0, None) == "blocked"  # score bias
+    assert _pick_kernel(q, poly3, None, None, 0.0, None) == "fused_cpu"  # CPU: no Triton
+
+
+def test_auto_picks_fused_cpu_only_where_it_applies():
+    q = make_qkv()[0]
+    poly3 = get_activation("poly3")
+    assert _pick_kernel(q, poly3, torch.ones(1, 1, 9, 11, dtype=torch.bool), None, 0.0, None) == "fused_cpu"
+    assert _pick_kernel(q, poly3, None, torch.zeros(1), 0.0, None) == "blocked"  # score bias
+    assert _pick_kernel(q, poly3, None, None, 0.1, None) == "blocked"  # dropout
+    custom = Activation("sign", torch.sign, torch.zeros_like, scale="inv_n")
+    assert _pick_kernel(q, custom, None, None, 0.0, None) == "blocked"  # a form the fused kernels do not know
+
+
+def test_fused_cpu_rejects_what_it_cannot_do():
+    q, k, v = make_qkv()
+    with pytest.raises(ValueError, match="attn_bias"):
+        attention(q, k, v, "poly3", attn_bias=torch.zeros(9, 11, dtype=q.dtype), kernel="fused_cpu")
+    with pytest.raises(ValueError, match="dropout"):
+        attention(q, k, v, "poly3", dropout_p=0.1, kernel="fused_cpu")
 
 
 
@@ -188,7 +239,7 @@ def test_dropout_backward_replays_the_forward_mask(small_tiles):
 # --------------------------------------------------------------------------- precision
 
 
-@pytest.mark.parametrize("kernel", ["blocked", "materialized", "associative"])
+@pytest.mark.parametrize("kernel", ["blocked", "fused_cpu", "materialized", "associative"])
 def test_bf16_under_autocast_returns_bf16_close_to_fp32(kernel):
     q, k, v = make_qkv(B=2, H=2, Nq=40, Nk=40, d=16, dv=16, dtype=torch.float32)
     name = "poly1" if kernel == "associative" else "poly3"
@@ -217,3 +268,38 @@ def test_fp16_large_scores_do_not_overflow(kernel):
     assert out.dtype == torch.float16 and out.isfinite().all()
     expected = reference_attention(q.double(), k.double(), v.double(), "poly3")
     torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=1e-3 * expected.abs().max().item())
+
+
+# --------------------------------------------------------------------------- the fused kernel's build
+
+_PICK_AND_RUN = """
+import warnings, torch
+from polyattn_lightning.attention import attention, get_activation
+from polyattn_lightning.attention.functional import _pick_kernel
+q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print(_pick_kernel(q, get_activation("poly3"), None, None, 0.0, None))
+    out = attention(q, q, q, "poly3")
+torch.testing.assert_close(out, attention(q, q, q, "poly3", kernel="materialized"))
+print(" / ".join(str(w.message) for w in caught))
+"""
+
+
+def _pick_in_fresh_process(tmp_path, **env) -> tuple[str, str]:
+    """``(kernel auto picks for poly3, warnings)`` in a process with an empty extension cache."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), **env}
+    result = subprocess.run([sys.executable, "-c", _PICK_AND_RUN], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    kernel, _, warned = result.stdout.partition("\n")
+    return kernel, warned.strip()
+
+
+def test_without_a_compiler_the_blocked_kernel_runs_after_a_warning(tmp_path):
+    kernel, warned = _pick_in_fresh_process(tmp_path, CXX=str(tmp_path / "no-such-c++"))
+    assert kernel == "blocked"
+    assert "fused_cpu.cpp" in warned and "falls back" in warned
+
+
+def test_the_fused_kernel_can_be_switched_off(tmp_path):
+    assert _pick_in_fresh_process(tmp_path, POLYATTN_FUSED_CPU="0") == ("blocked", "")

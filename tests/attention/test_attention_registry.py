@@ -21,6 +21,7 @@ def clean_registry(monkeypatch):
     """Registrations made by a test disappear after it."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+    monkeypatch.setattr(registry, "_RESOLVED", {})
 
 
 def test_unknown_name_lists_registered_names():

@@ -1,0 +1,344 @@
+// Fused CPU attention for elementwise activations:
+//     out = c(n) * mask(f(S + b(n))) @ v,   S = q k^T (q arrives pre-multiplied by t).
+//
+// Why C++: the PyTorch-level blocked kernel pays a dispatcher call, a thread
+// fork/join and a pass through memory per elementwise op per tile. Here each
+// thread owns a cache-resident score tile, runs the two (forward) or four
+// (backward) products of a tile through BLAS and applies f, f' and the mask
+// in one sweep while the tile is still in L1/L2, as SDPA's flash kernel does
+// for softmax. Without softmax there is no running max, no rescaling and no
+// rowsum(dO * O) term: partial products simply add.
+//
+// Layouts: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, dv), all contiguous;
+// row_scale / row_shift (BH, Nq); allowed is a bool tensor broadcastable to
+// (B, H, Nq, Nk), read through its strides (stride 0 where it broadcasts).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+
+// Fortran BLAS, exported by libtorch_cpu (MKL on x86 builds).
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+            const int*, const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+// Row-major C (m x n) = alpha * op(A) op(B) + beta * C, through column-major BLAS
+// (a row-major matrix is its column-major transpose, so A and B swap places).
+template <typename T>
+void gemm(bool ta, bool tb, int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb,
+          T beta, T* c, int ldc) {
+  const char ca = tb ? 'T' : 'N', cb = ta ? 'T' : 'N';
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&ca, &cb, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  } else {
+    dgemm_(&ca, &cb, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  }
+}
+
+// Activation forms, as in registry.Activation.kernel.
+enum Form : int64_t { POLY = 0, RELU = 1, SOFTPLUS = 2, SIGMOID = 3 };
+
+template <typename T>
+inline T ipow(T x, int64_t p) {
+  T r = x;
+  for (int64_t i = 1; i < p; ++i) r *= x;
+  return r;
+}
+
+template <typename T>
+inline T sigmoid(T z) {
+  return T(1) / (T(1) + std::exp(-z));
+}
+
+template <typename T>
+inline T softplus(T z) {  // log(1 + e^z) without overflow
+  return z > T(20) ? z : std::log1p(std::exp(z));
+}
+
+// f(z) over n values in place.
+template <typename T>
+void apply_f(T* z, int64_t n, Form form, int64_t p) {
+  switch (form) {
+    case POLY:
+      if (p == 2) {
+        for (int64_t j = 0; j < n; ++j) z[j] = z[j] * z[j];
+      } else if (p == 3) {
+        for (int64_t j = 0; j < n; ++j) z[j] = z[j] * z[j] * z[j];
+      } else if (p > 3) {
+        for (int64_t j = 0; j < n; ++j) z[j] = ipow(z[j], p);
+      }
+      break;
+    case RELU:
+      for (int64_t j = 0; j < n; ++j) z[j] = z[j] > T(0) ? z[j] : T(0);
+      break;
+    case SOFTPLUS:
+      for (int64_t j = 0; j < n; ++j) z[j] = softplus(z[j]);
+      break;
+    case SIGMOID:
+      for (int64_t j = 0; j < n; ++j) z[j] = sigmoid(z[j]);
+      break;
+  }
+}
+
+// f(z) into f and f'(z) / gain into z (gain = p for z^p, folded into the final
+// gradients), over n values. For poly1 f' is 1 and z keeps S: callers skip it.
+template <typename T>
+void apply_f_and_grad(T* z, T* f, int64_t n, Form form, int64_t p) {
+  switch (form) {
+    case POLY:
+      if (p == 1) {
+        std::copy(z, z + n, f);
+      } else if (p == 2) {
+        for (int64_t j = 0; j < n; ++j) f[j] = z[j] * z[j];
+      } else if (p == 3) {
+        for (int64_t j = 0; j < n; ++j) {
+          const T s = z[j], s2 = s * s;
+          f[j] = s2 * s;
+          z[j] = s2;
+        }
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          const T g = ipow(z[j], p - 1);
+          f[j] = g * z[j];
+          z[j] = g;
+        }
+      }
+      break;
+    case RELU:
+      for (int64_t j = 0; j < n; ++j) {
+        const bool on = z[j] > T(0);
+        f[j] = on ? z[j] : T(0);
+        z[j] = on ? T(1) : T(0);
+      }
+      break;
+    case SOFTPLUS:
+      for (int64_t j = 0; j < n; ++j) {
+        f[j] = softplus(z[j]);
+        z[j] = sigmoid(z[j]);
+      }
+      break;
+    case SIGMOID:
+      for (int64_t j = 0; j < n; ++j) {
+        const T s = sigmoid(z[j]);
+        f[j] = s;
+        z[j] = s - s * s;
+      }
+      break;
+  }
+}
+
+// One scratch area per thread of the intra-op pool, allocated up front as a
+// tensor so that PyTorch's allocator (and the memory profiler) sees it.
+template <typename T>
+struct ThreadBuffers {
+  int64_t threads, size;
+  at::Tensor storage;
+  ThreadBuffers(int64_t size_per_thread, bool zero = false)
+      : threads(at::get_num_threads()), size(size_per_thread) {
+    const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+    storage = zero ? at::zeros({threads, size}, options) : at::empty({threads, size}, options);
+  }
+  T* get(int64_t thread) {
+    TORCH_CHECK(thread < threads, "fused_cpu: thread ", thread, " outside a pool of ", threads);
+    return storage.data_ptr<T>() + thread * size;
+  }
+};
+
+// Everything a tile needs besides the operands.
+template <typename T>
+struct Problem {
+  int64_t bh, heads, nq, nk, d, dv;
+  Form form;
+  int64_t power;
+  const T* row_shift;  // (BH, Nq) or nullptr
+  const bool* allowed;  // strided view, or nullptr
+  int64_t mask_stride[4];
+
+  // Add the row shift to a (rows x cols) tile at (i0, j0) of head `h`.
+  void shift(T* tile, int64_t h, int64_t i0, int64_t rows, int64_t cols, int64_t ld) const {
+    if (!row_shift) return;
+    for (int64_t i = 0; i < rows; ++i) {
+      const T b = row_shift[h * nq + i0 + i];
+      T* z = tile + i * ld;
+      for (int64_t j = 0; j < cols; ++j) z[j] += b;
+    }
+  }
+
+  // Zero the disallowed entries of each tile in `tiles`.
+  void mask(std::initializer_list<T*> tiles, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+            int64_t ld) const {
+    if (!allowed) return;
+    const bool* base = allowed + (h / heads) * mask_stride[0] + (h % heads) * mask_stride[1];
+    for (int64_t i = 0; i < rows; ++i) {
+      const bool* row = base + (i0 + i) * mask_stride[2] + j0 * mask_stride[3];
+      for (int64_t j = 0; j < cols; ++j) {
+        if (!row[j * mask_stride[3]]) {
+          for (T* t : tiles) t[i * ld + j] = T(0);
+        }
+      }
+    }
+  }
+};
+
+template <typename T>
+Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                        int64_t form, int64_t power, const std::optional<at::Tensor>& row_shift,
+                        const std::optional<at::Tensor>& allowed) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "fused_cpu: q, k, v must be (B*H, N, d)");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "fused_cpu: operands must be contiguous");
+  TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "fused_cpu: unknown activation form ", form);
+  Problem<T> pb{q.size(0), heads, q.size(1), k.size(1), q.size(2), v.size(2), static_cast<Form>(form), power,
+                nullptr, nullptr, {0, 0, 0, 0}};
+  if (row_shift && row_shift->defined()) {
+    TORCH_CHECK(row_shift->is_contiguous() && row_shift->numel() == pb.bh * pb.nq, "fused_cpu: row_shift must be (B*H, Nq)");
+    pb.row_shift = row_shift->data_ptr<T>();
+  }
+  if (allowed && allowed->defined()) {
+    TORCH_CHECK(allowed->dim() == 4 && allowed->scalar_type() == at::kBool, "fused_cpu: allowed must be a 4-D bool tensor");
+    pb.allowed = allowed->data_ptr<bool>();
+    for (int i = 0; i < 4; ++i) pb.mask_stride[i] = allowed->stride(i);
+  }
+  return pb;
+}
+
+template <typename T>
+void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
+                  int64_t block_q, int64_t block_k) {
+  const int64_t q_blocks = (pb.nq + block_q - 1) / block_q;
+  const int64_t tile_size = block_q * std::min(block_k, pb.nk);
+  ThreadBuffers<T> buffers(tile_size);
+  at::parallel_for(0, pb.bh * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    T* tile = buffers.get(at::get_thread_num());
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / q_blocks, i0 = (item % q_blocks) * block_q;
+      const int64_t rows = std::min(block_q, pb.nq - i0);
+      const T* qi = q + (h * pb.nq + i0) * pb.d;
+      T* oi = out + (h * pb.nq + i0) * pb.dv;
+      for (int64_t j0 = 0; j0 < pb.nk; j0 += block_k) {
+        const int64_t cols = std::min(block_k, pb.nk - j0);
+        gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, k + (h * pb.nk + j0) * pb.d, pb.d, T(0), tile,
+                cols);
+        pb.shift(tile, h, i0, rows, cols, cols);
+        apply_f(tile, rows * cols, pb.form, pb.power);
+        pb.mask({tile}, h, i0, j0, rows, cols, cols);
+        gemm<T>(false, false, rows, pb.dv, cols, T(1), tile, cols, v + (h * pb.nk + j0) * pb.dv, pb.dv,
+                j0 == 0 ? T(0) : T(1), oi, pb.dv);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const T c = row_scale[h * pb.nq + i0 + i];
+        for (int64_t e = 0; e < pb.dv; ++e) oi[i * pb.dv + e] *= c;
+      }
+    }
+  });
+}
+
+// Work is split over (head, key block): each item owns its rows of dK and dV.
+// dQ rows are shared by the key blocks of a head, so when there are fewer heads
+// than threads (long sequences) each thread accumulates dQ into its own buffer.
+template <typename T>
+void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk,
+                   T* dv, int64_t block_q, int64_t block_k) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t k_blocks = (pb.nk + block_k - 1) / block_k;
+  const bool split_keys = pb.bh < 2 * threads && k_blocks > 1;
+  const int64_t groups = split_keys ? k_blocks : 1;  // key blocks per head split into this many items
+  const int64_t dq_size = pb.bh * pb.nq * pb.d, tile_size = block_q * std::min(block_k, pb.nk);
+  ThreadBuffers<T> buffers(3 * tile_size + (split_keys ? dq_size : 0), /*zero=*/split_keys);
+  at::parallel_for(0, pb.bh * groups, 1, [&](int64_t begin, int64_t end) {
+    T* s = buffers.get(at::get_thread_num());
+    T *f = s + tile_size, *ds = f + tile_size;
+    T* dq_out = split_keys ? ds + tile_size : dq;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / groups;
+      const int64_t first = split_keys ? item % groups : 0, last = split_keys ? first + 1 : k_blocks;
+      for (int64_t kb = first; kb < last; ++kb) {
+        const int64_t j0 = kb * block_k, cols = std::min(block_k, pb.nk - j0);
+        const T* kj = k + (h * pb.nk + j0) * pb.d;
+        const T* vj = v + (h * pb.nk + j0) * pb.dv;
+        T* dkj = dk + (h * pb.nk + j0) * pb.d;
+        T* dvj = dv + (h * pb.nk + j0) * pb.dv;
+        for (int64_t i0 = 0; i0 < pb.nq; i0 += block_q) {
+          const int64_t rows = std::min(block_q, pb.nq - i0);
+          const T* qi = q + (h * pb.nq + i0) * pb.d;
+          const T* doi = dout + (h * pb.nq + i0) * pb.dv;
+          const T beta = i0 == 0 ? T(0) : T(1);  // dK, dV rows start at zero
+          gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
+          pb.shift(s, h, i0, rows, cols, cols);
+          const bool linear = pb.form == POLY && pb.power == 1;  // f' = 1: s is not needed
+          apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
+          pb.mask({f, s}, h, i0, j0, rows, cols, cols);
+          // dV_j += f^T dO_i ;  dP = dO_i V_j^T ;  dS = dP * f'
+          gemm<T>(true, false, cols, pb.dv, rows, T(1), f, cols, doi, pb.dv, beta, dvj, pb.dv);
+          gemm<T>(false, true, rows, cols, pb.dv, T(1), doi, pb.dv, vj, pb.dv, T(0), ds, cols);
+          if (linear) {
+            pb.mask({ds}, h, i0, j0, rows, cols, cols);
+          } else {
+            for (int64_t e = 0; e < rows * cols; ++e) ds[e] *= s[e];
+          }
+          // dQ_i += dS K_j ;  dK_j += dS^T Q_i
+          gemm<T>(false, false, rows, pb.d, cols, T(1), ds, cols, kj, pb.d, T(1),
+                  dq_out + (h * pb.nq + i0) * pb.d, pb.d);
+          gemm<T>(true, false, cols, pb.d, rows, T(1), ds, cols, qi, pb.d, beta, dkj, pb.d);
+        }
+      }
+    }
+  });
+  if (split_keys) {  // dQ = sum of the threads' partial dQ
+    at::parallel_for(0, dq_size, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t t = 0; t < buffers.threads; ++t) {
+        const T* part = buffers.get(t) + 3 * tile_size;
+        for (int64_t e = begin; e < end; ++e) dq[e] += part[e];
+      }
+    });
+  }
+}
+
+at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& row_scale,
+                         const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& allowed,
+                         int64_t heads, int64_t form, int64_t power, int64_t block_q, int64_t block_k) {
+  auto out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_forward", [&] {
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, allowed);
+    TORCH_CHECK(row_scale.is_contiguous() && row_scale.numel() == pb.bh * pb.nq, "fused_cpu: row_scale must be (B*H, Nq)");
+    forward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                           row_scale.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), block_q, block_k);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+    const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& allowed, int64_t heads,
+    int64_t form, int64_t power, int64_t block_q, int64_t block_k) {
+  TORCH_CHECK(dout.is_contiguous() && dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
+              "fused_cpu: grad_out must be contiguous (B*H, Nq, dv)");
+  auto dq = at::zeros_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_backward", [&] {
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, allowed);
+    backward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                            dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
+                            dv.data_ptr<scalar_t>(), block_q, block_k);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(polyattn_cpu, m) {
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor row_scale, Tensor? row_shift, Tensor? allowed, int heads, "
+        "int form, int power, int block_q, int block_k) -> Tensor");
+  m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor? row_shift, Tensor? allowed, int heads, "
+        "int form, int power, int block_q, int block_k) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(polyattn_cpu, CPU, m) {
+  m.impl("forward", &fused_forward);
+  m.impl("backward", &fused_backward);
+}

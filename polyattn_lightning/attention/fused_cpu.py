@@ -1,0 +1,137 @@
+"""The fused C++ CPU kernel (``csrc/fused_cpu.cpp``), compiled on first use.
+
+On CPU this is what makes a non-softmax model train as fast as softmax on
+SDPA: one C++ loop per thread over cache-resident score tiles, BLAS for the
+products, ``f``/``f'``/mask applied while the tile is hot. It knows the
+built-in forms (``poly{p}``, ``relu``, ``softplus``, ``sigmoid``) and any
+boolean mask; score bias and dropout go to the blocked PyTorch kernel.
+
+The source is compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
+``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
+time a process needs it, some 15 s, then loaded from there. The build is named
+after the CPU's vector extensions, so nodes of different CPU generations that
+share a home directory never load each other's binaries. Where the build
+fails (no compiler), a warning says why and the blocked kernel runs instead;
+``POLYATTN_FUSED_CPU=0`` turns the kernel off.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .blocked import flatten_heads
+from .registry import Activation, compute_dtype
+
+SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
+#: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
+#: backward's three 128 x 256 tiles stay in L2; measured best on the benchmark machine.
+FORWARD_BLOCK = (64, 512)
+BACKWARD_BLOCK = (128, 256)
+_VECTOR_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
+
+
+@functools.cache
+def load() -> bool:
+    """Compile (once per machine and source version) and load the kernel; False where that is impossible."""
+    if os.environ.get("POLYATTN_FUSED_CPU", "1") == "0":
+        return False
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        _put_ninja_on_path()
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name=f"polyattn_fused_cpu_{capability.lower()}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, [])],
+            is_python_module=False,
+        )
+    except Exception as error:  # no compiler, no BLAS symbols, ...: the blocked kernel still works
+        warnings.warn(
+            f"the fused C++ attention kernel ({SOURCE.name}) could not be built or loaded "
+            f"({type(error).__name__}: {error}); non-softmax attention on CPU falls back to the slower "
+            "blocked PyTorch kernel. Set POLYATTN_FUSED_CPU=0 to silence this.",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _put_ninja_on_path() -> None:
+    """``cpp_extension`` runs ``ninja`` from PATH; the PyPI package's binary may sit in an unactivated venv."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def fused_cpu_supports(q: Tensor, act: Activation) -> bool:
+    """Whether ``attention()`` should use this kernel: CPU tensors, a known form, and a kernel that loads."""
+    return q.device.type == "cpu" and act.fused_form is not None and load()
+
+
+class FusedCPUAttention(torch.autograd.Function):
+    """``out = c(n) * mask(f(S + b(n))) @ v``; forward and backward in C++.
+
+    Operands go in as contiguous ``(B*H, N, d)`` in the compute dtype with ``t``
+    folded into ``q``; ``c(n)`` scales ``out`` (forward) and ``dO`` (backward);
+    the constant factor of ``f'`` (``p`` for ``S^p``) scales dQ and dK.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, act: Activation, t: float, allowed, n):
+        shape4 = (*q.shape[:3], k.shape[-2])
+        dtype = compute_dtype(q)
+        form, power = act.fused_form
+        with torch.autocast("cpu", enabled=False):
+            row_scale, row_shift = act.per_row(n, shape4, dtype)
+            row_shift = row_shift if act.shift else None
+            q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
+            mask = None if allowed is None else allowed.expand(*shape4)
+            out = torch.ops.polyattn_cpu.forward(
+                q3, k3, v3, row_scale, row_shift, mask, shape4[1], form, power, *FORWARD_BLOCK
+            )
+        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, mask)
+        ctx.meta = (shape4, t, form, power, q.dtype, k.dtype, v.dtype)
+        return out.view(*shape4[:3], -1).to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3, row_scale, row_shift, mask = ctx.saved_tensors
+        shape4, t, form, power, q_dtype, k_dtype, v_dtype = ctx.meta
+        with torch.autocast("cpu", enabled=False):
+            dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
+            dq, dk, dv = torch.ops.polyattn_cpu.backward(
+                q3, k3, v3, dout, row_shift, mask, shape4[1], form, power, *BACKWARD_BLOCK
+            )
+            gain = float(power) if form == 0 else 1.0  # f'(S) = p S^(p-1); the kernel leaves out the p
+            dq, dk = dq.mul_(t * gain), dk.mul_(gain) if gain != 1.0 else dk
+        batch, heads = shape4[:2]
+        return (
+            dq.view(batch, heads, *dq.shape[1:]).to(q_dtype),
+            dk.view(batch, heads, *dk.shape[1:]).to(k_dtype),
+            dv.view(batch, heads, *dv.shape[1:]).to(v_dtype),
+            None, None, None, None,
+        )
+
+
+def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
+    """``kernels.run`` signature; no score bias, no dropout (the blocked kernel has both)."""
+    if bias is not None or dropout_p:
+        raise ValueError("the fused_cpu kernel supports neither attn_bias nor dropout; use kernel='blocked'")
+    if act.fused_form is None:
+        raise ValueError(f"the fused_cpu kernel does not know activation {act.name!r}; use kernel='blocked'")
+    if q.device.type != "cpu":
+        raise ValueError(f"the fused_cpu kernel runs on CPU tensors, got {q.device}")
+    if not load():
+        raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
+    return FusedCPUAttention.apply(q, k, v, act, t, allowed, n)
