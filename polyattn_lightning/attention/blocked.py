@@ -194,7 +194,7 @@ def _add_product(dst: Tensor, a: Tensor, b: Tensor) -> None:
         dst.add_(torch.bmm(a, b))
 
 
-def _as_4d(x: Tensor) -> Tensor:
+def as_4d(x: Tensor) -> Tensor:
     """Left-pad a broadcastable mask or bias to 4 dimensions."""
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
 
@@ -222,9 +222,9 @@ class BlockedAttention(torch.autograd.Function):
             tiles = _Tiles(
                 shape4,
                 block_sizes(shape4, tile_elements),
-                _as_4d(act.row_shift(n)) if act.shift else None,
-                None if allowed is None else _as_4d(~allowed),
-                None if bias is None else _as_4d(bias.detach().to(dtype)),
+                as_4d(act.row_shift(n)) if act.shift else None,
+                None if allowed is None else as_4d(~allowed),
+                None if bias is None else as_4d(bias.detach().to(dtype)),
                 dropout_p,
                 int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0,
             )

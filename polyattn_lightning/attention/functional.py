@@ -5,8 +5,8 @@ Dispatch, in order:
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
-3. A built-in elementwise activation with no bias or dropout -> a fused
-   kernel: Triton on CUDA, C++ on CPU.
+3. A built-in elementwise activation with no dropout -> a fused kernel:
+   Triton on CUDA (which takes no score bias either), C++ on CPU.
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -111,8 +111,8 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
     from .fused_cpu import fused_cpu_supports
     from .triton_kernel import triton_supports
 
-    if attn_bias is None and dropout_p == 0.0:  # the fused kernels have neither
-        if triton_supports(q, act):
+    if dropout_p == 0.0:  # no fused kernel has dropout
+        if attn_bias is None and triton_supports(q, act):
             return "triton"
         if fused_cpu_supports(q, act):
             return "fused_cpu"

@@ -3,8 +3,9 @@
 On CPU this is what makes a non-softmax model train as fast as softmax on
 SDPA: one C++ loop per thread over cache-resident score tiles, BLAS for the
 products, ``f``/``f'``/mask applied while the tile is hot. It knows the
-built-in forms (``poly{p}``, ``relu``, ``softplus``, ``sigmoid``) and any
-boolean mask; score bias and dropout go to the blocked PyTorch kernel.
+built-in forms (``poly{p}``, ``relu``, ``softplus``, ``sigmoid``), any
+boolean mask and a score bias (Swin's relative-position bias, with its
+gradient); dropout goes to the blocked PyTorch kernel.
 
 The source is compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .blocked import flatten_heads
+from .blocked import as_4d, flatten_heads
 from .registry import Activation, compute_dtype
 
 SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
@@ -33,10 +35,14 @@ SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 #: backward's three 128 x 256 tiles stay in L2; measured best on the benchmark machine.
 FORWARD_BLOCK = (64, 512)
 BACKWARD_BLOCK = (128, 256)
+#: Compiler flags per ``torch.backends.cpu.get_cpu_capability()``: the instruction set, and the
+#: macros that select the matching ``at::vec::Vectorized`` (SIMD exp and log1p for softplus/sigmoid).
 _VECTOR_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
-    "AVX2": ["-mavx2", "-mfma"],
+    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
+_PORTABLE_FLAGS = ["-DCPU_CAPABILITY=DEFAULT"]
 
 
 @functools.cache
@@ -50,9 +56,9 @@ def load() -> bool:
         from torch.utils import cpp_extension
 
         cpp_extension.load(
-            name=f"polyattn_fused_cpu_{capability.lower()}",
+            name="polyattn_fused_cpu_" + re.sub(r"\W", "_", capability.lower()),
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, [])],
+            extra_cflags=["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, _PORTABLE_FLAGS)],
             is_python_module=False,
         )
     except Exception as error:  # no compiler, no BLAS symbols, ...: the blocked kernel still works
@@ -80,15 +86,15 @@ def fused_cpu_supports(q: Tensor, act: Activation) -> bool:
 
 
 class FusedCPUAttention(torch.autograd.Function):
-    """``out = c(n) * mask(f(S + b(n))) @ v``; forward and backward in C++.
+    """``out = c(n) * mask(f(S + b(n) + bias)) @ v``; forward and backward in C++.
 
     Operands go in as contiguous ``(B*H, N, d)`` in the compute dtype with ``t``
     folded into ``q``; ``c(n)`` scales ``out`` (forward) and ``dO`` (backward);
-    the constant factor of ``f'`` (``p`` for ``S^p``) scales dQ and dK.
+    the constant factor of ``f'`` (``p`` for ``S^p``) scales dQ, dK and dbias.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, act: Activation, t: float, allowed, n):
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         form, power = act.fused_form
@@ -96,42 +102,50 @@ class FusedCPUAttention(torch.autograd.Function):
             row_scale, row_shift = act.per_row(n, shape4, dtype)
             row_shift = row_shift if act.shift else None
             q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
-            mask = None if allowed is None else allowed.expand(*shape4)
+            bias4 = None if bias is None else as_4d(bias.detach().to(dtype)).contiguous()
+            strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
             out = torch.ops.polyattn_cpu.forward(
-                q3, k3, v3, row_scale, row_shift, mask, shape4[1], form, power, *FORWARD_BLOCK
+                q3, k3, v3, row_scale, row_shift, *strided, shape4[1], form, power, *FORWARD_BLOCK
             )
-        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, mask)
-        ctx.meta = (shape4, t, form, power, q.dtype, k.dtype, v.dtype)
+        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided)
+        ctx.meta = (shape4, t, form, power, None if bias is None else bias4.shape)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
         return out.view(*shape4[:3], -1).to(v.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q3, k3, v3, row_scale, row_shift, mask = ctx.saved_tensors
-        shape4, t, form, power, q_dtype, k_dtype, v_dtype = ctx.meta
+        q3, k3, v3, row_scale, row_shift, bias, mask = ctx.saved_tensors
+        shape4, t, form, power, bias_shape = ctx.meta
+        want_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast("cpu", enabled=False):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
-            dq, dk, dv = torch.ops.polyattn_cpu.backward(
-                q3, k3, v3, dout, row_shift, mask, shape4[1], form, power, *BACKWARD_BLOCK
+            dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
+                q3, k3, v3, dout, row_shift, bias, mask, want_bias, shape4[1], form, power, *BACKWARD_BLOCK
             )
             gain = float(power) if form == 0 else 1.0  # f'(S) = p S^(p-1); the kernel leaves out the p
-            dq, dk = dq.mul_(t * gain), dk.mul_(gain) if gain != 1.0 else dk
-        batch, heads = shape4[:2]
+            dq.mul_(t * gain)
+            if gain != 1.0:
+                dk.mul_(gain)
+                dbias.mul_(gain)
+        q_dtype, k_dtype, v_dtype, bias_dtype = ctx.dtypes
+        heads = shape4[:2]
         return (
-            dq.view(batch, heads, *dq.shape[1:]).to(q_dtype),
-            dk.view(batch, heads, *dk.shape[1:]).to(k_dtype),
-            dv.view(batch, heads, *dv.shape[1:]).to(v_dtype),
+            dq.view(*heads, *dq.shape[1:]).to(q_dtype),
+            dk.view(*heads, *dk.shape[1:]).to(k_dtype),
+            dv.view(*heads, *dv.shape[1:]).to(v_dtype),
+            dbias.view(bias_shape).to(bias_dtype) if want_bias else None,
             None, None, None, None,
         )
 
 
 def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
-    """``kernels.run`` signature; no score bias, no dropout (the blocked kernel has both)."""
-    if bias is not None or dropout_p:
-        raise ValueError("the fused_cpu kernel supports neither attn_bias nor dropout; use kernel='blocked'")
+    """``kernels.run`` signature; no dropout (the blocked kernel has it)."""
+    if dropout_p:
+        raise ValueError("the fused_cpu kernel has no dropout; use kernel='blocked'")
     if act.fused_form is None:
         raise ValueError(f"the fused_cpu kernel does not know activation {act.name!r}; use kernel='blocked'")
     if q.device.type != "cpu":
         raise ValueError(f"the fused_cpu kernel runs on CPU tensors, got {q.device}")
     if not load():
         raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
-    return FusedCPUAttention.apply(q, k, v, act, t, allowed, n)
+    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, n)

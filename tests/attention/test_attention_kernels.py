@@ -65,19 +65,27 @@ def test_blocked_with_ragged_blocks_and_nq_ne_nk(name, small_tiles):
 @pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("name", ELEMENTWISE)
 def test_fused_cpu_with_ragged_blocks_and_nq_ne_nk(name, heads, small_tiles, threads):
-    """One head on two threads splits each head's keys across threads, which then sum private dQ buffers."""
-    q, k, v = make_qkv(B=1, H=heads, Nq=37, Nk=10)  # 37 = 9 x 4 + 1 queries, 10 = 3 x 3 + 1 keys per tile
+    """Two heads in all on two threads split each head's keys across threads, which then sum private dQ
+    buffers; the bias gradient is summed over the batch from per-thread buffers."""
+    q, k, v = make_qkv(B=2, H=heads, Nq=37, Nk=10)  # 37 = 9 x 4 + 1 queries, 10 = 3 x 3 + 1 keys per tile
     keep = torch.rand(1, 1, 37, 10, generator=torch.Generator().manual_seed(1)) > 0.3
     keep[..., 5, :] = False  # a row with no attendable key
-    out = attention(q, k, v, name, attn_mask=keep, kernel="fused_cpu")
-    assert_matches_reference_attention(out, reference_attention(q, k, v, name, keep=keep), (q, k, v))
+    bias = torch.randn(heads, 37, 10, dtype=q.dtype, requires_grad=True)  # broadcast over the batch, as Swin's
+    out = attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="fused_cpu")
+    expected = reference_attention(q, k, v, name, keep=keep, bias=bias)
+    assert_matches_reference_attention(out, expected, (q, k, v, bias))
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
 def test_gradcheck_fused_cpu(name, small_tiles, threads):
     q, k, v = make_qkv(B=1, H=1, Nq=17, Nk=5, d=3, dv=2)
     keep = torch.tensor([True, True, False, True, True])
-    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, name, attn_mask=keep, kernel="fused_cpu"), (q, k, v))
+    bias = torch.randn(17, 5, dtype=torch.float64, requires_grad=True)
+
+    def fn(q, k, v, bias):
+        return attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="fused_cpu")
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -117,7 +125,7 @@ def test_auto_picks_associative_only_where_exact():
     assert _pick_kernel(q, poly1, None, None, 0.0, None) == "associative"
     assert _pick_kernel(q, poly1, key_padding, None, 0.0, torch.zeros(2, 11, dtype=torch.bool)) == "associative"
     assert _pick_kernel(q, poly1, key_padding, None, 0.0, None) == "fused_cpu"  # a pairwise attn_mask
-    assert _pick_kernel(q, poly1, None, torch.zeros(1), 0.0, None) == "blocked"  # score bias
+    assert _pick_kernel(q, poly1, None, torch.zeros(1), 0.0, None) == "fused_cpu"  # score bias
     assert _pick_kernel(q, poly3, None, None, 0.0, None) == "fused_cpu"  # CPU: no Triton
 
 
@@ -125,7 +133,7 @@ def test_auto_picks_fused_cpu_only_where_it_applies():
     q = make_qkv()[0]
     poly3 = get_activation("poly3")
     assert _pick_kernel(q, poly3, torch.ones(1, 1, 9, 11, dtype=torch.bool), None, 0.0, None) == "fused_cpu"
-    assert _pick_kernel(q, poly3, None, torch.zeros(1), 0.0, None) == "blocked"  # score bias
+    assert _pick_kernel(q, poly3, None, torch.zeros(1), 0.0, None) == "fused_cpu"  # score bias
     assert _pick_kernel(q, poly3, None, None, 0.1, None) == "blocked"  # dropout
     custom = Activation("sign", torch.sign, torch.zeros_like, scale="inv_n")
     assert _pick_kernel(q, custom, None, None, 0.0, None) == "blocked"  # a form the fused kernels do not know
@@ -133,8 +141,6 @@ def test_auto_picks_fused_cpu_only_where_it_applies():
 
 def test_fused_cpu_rejects_what_it_cannot_do():
     q, k, v = make_qkv()
-    with pytest.raises(ValueError, match="attn_bias"):
-        attention(q, k, v, "poly3", attn_bias=torch.zeros(9, 11, dtype=q.dtype), kernel="fused_cpu")
     with pytest.raises(ValueError, match="dropout"):
         attention(q, k, v, "poly3", dropout_p=0.1, kernel="fused_cpu")
 

@@ -1,19 +1,21 @@
 // Fused CPU attention for elementwise activations:
-//     out = c(n) * mask(f(S + b(n))) @ v,   S = q k^T (q arrives pre-multiplied by t).
+//     out = c(n) * mask(f(S + b(n) + bias)) @ v,   S = q k^T (q arrives pre-multiplied by t).
 //
 // Why C++: the PyTorch-level blocked kernel pays a dispatcher call, a thread
 // fork/join and a pass through memory per elementwise op per tile. Here each
-// thread owns a cache-resident score tile, runs the two (forward) or four
+// thread owns a cache-resident score tile, runs the two (forward) or five
 // (backward) products of a tile through BLAS and applies f, f' and the mask
 // in one sweep while the tile is still in L1/L2, as SDPA's flash kernel does
 // for softmax. Without softmax there is no running max, no rescaling and no
 // rowsum(dO * O) term: partial products simply add.
 //
 // Layouts: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, dv), all contiguous;
-// row_scale / row_shift (BH, Nq); allowed is a bool tensor broadcastable to
-// (B, H, Nq, Nk), read through its strides (stride 0 where it broadcasts).
+// row_scale / row_shift (BH, Nq); bias and the bool mask `allowed` are
+// broadcastable to (B, H, Nq, Nk) and read through their strides (0 where
+// they broadcast). The constant factor of f' (p for S^p) is left to the caller.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -52,14 +54,61 @@ inline T ipow(T x, int64_t p) {
   return r;
 }
 
+// exp, log1p, |x| and max on a scalar or an at::vec::Vectorized (SIMD exp and log1p from
+// PyTorch's Sleef build, by the CPU_CAPABILITY this file is compiled for).
 template <typename T>
-inline T sigmoid(T z) {
-  return T(1) / (T(1) + std::exp(-z));
+inline T exp_(T x) { return std::exp(x); }
+template <typename T>
+inline at::vec::Vectorized<T> exp_(at::vec::Vectorized<T> x) { return x.exp(); }
+template <typename T>
+inline T log1p_(T x) { return std::log1p(x); }
+template <typename T>
+inline at::vec::Vectorized<T> log1p_(at::vec::Vectorized<T> x) { return x.log1p(); }
+template <typename T>
+inline T abs_(T x) { return std::abs(x); }
+template <typename T>
+inline at::vec::Vectorized<T> abs_(at::vec::Vectorized<T> x) { return x.abs(); }
+template <typename T>
+inline T max_(T a, T b) { return a > b ? a : b; }
+template <typename T>
+inline at::vec::Vectorized<T> max_(at::vec::Vectorized<T> a, at::vec::Vectorized<T> b) {
+  return at::vec::maximum(a, b);
 }
 
-template <typename T>
-inline T softplus(T z) {  // log(1 + e^z) without overflow
-  return z > T(20) ? z : std::log1p(std::exp(z));
+template <typename V>
+inline V sigmoid(V z) {
+  return V(1) / (V(1) + exp_(V(0) - z));
+}
+
+template <typename V>
+inline V softplus(V z) {  // max(z, 0) + log(1 + e^-|z|): never overflows
+  return max_(z, V(0)) + log1p_(exp_(V(0) - abs_(z)));
+}
+
+// z[j] = op(z[j]) for j < n, a SIMD vector at a time, then the tail one by one.
+template <typename T, typename Op>
+inline void map_inplace(T* z, int64_t n, Op op) {
+  using Vec = at::vec::Vectorized<T>;
+  int64_t j = 0;
+  for (; j + Vec::size() <= n; j += Vec::size()) op(Vec::loadu(z + j)).store(z + j);
+  for (; j < n; ++j) z[j] = op(z[j]);
+}
+
+// (f[j], z[j]) = (op_f(z[j]), op_g(z[j])) for j < n, as map_inplace.
+template <typename T, typename OpF, typename OpG>
+inline void map_pair(T* z, T* f, int64_t n, OpF op_f, OpG op_g) {
+  using Vec = at::vec::Vectorized<T>;
+  int64_t j = 0;
+  for (; j + Vec::size() <= n; j += Vec::size()) {
+    const Vec x = Vec::loadu(z + j);
+    op_f(x).store(f + j);
+    op_g(x).store(z + j);
+  }
+  for (; j < n; ++j) {
+    const T x = z[j];
+    f[j] = op_f(x);
+    z[j] = op_g(x);
+  }
 }
 
 // f(z) over n values in place.
@@ -79,10 +128,10 @@ void apply_f(T* z, int64_t n, Form form, int64_t p) {
       for (int64_t j = 0; j < n; ++j) z[j] = z[j] > T(0) ? z[j] : T(0);
       break;
     case SOFTPLUS:
-      for (int64_t j = 0; j < n; ++j) z[j] = softplus(z[j]);
+      map_inplace(z, n, [](auto x) { return softplus(x); });
       break;
     case SIGMOID:
-      for (int64_t j = 0; j < n; ++j) z[j] = sigmoid(z[j]);
+      map_inplace(z, n, [](auto x) { return sigmoid(x); });
       break;
   }
 }
@@ -119,17 +168,13 @@ void apply_f_and_grad(T* z, T* f, int64_t n, Form form, int64_t p) {
       }
       break;
     case SOFTPLUS:
-      for (int64_t j = 0; j < n; ++j) {
-        f[j] = softplus(z[j]);
-        z[j] = sigmoid(z[j]);
-      }
+      map_pair(z, f, n, [](auto x) { return softplus(x); }, [](auto x) { return sigmoid(x); });
       break;
     case SIGMOID:
-      for (int64_t j = 0; j < n; ++j) {
-        const T s = sigmoid(z[j]);
-        f[j] = s;
-        z[j] = s - s * s;
-      }
+      map_pair(z, f, n, [](auto x) { return sigmoid(x); }, [](auto x) {
+        const auto s = sigmoid(x);
+        return s - s * s;
+      });
       break;
   }
 }
@@ -151,6 +196,30 @@ struct ThreadBuffers {
   }
 };
 
+// A broadcastable 4-D (B, H, Nq, Nk) tensor read through its strides (0 where it broadcasts).
+template <typename E>
+struct Strided4 {
+  const E* data = nullptr;
+  int64_t stride[4] = {0, 0, 0, 0};
+  int64_t span = 0;  // elements of the underlying storage
+
+  Strided4(const std::optional<at::Tensor>& t, at::ScalarType dtype, const char* what) {
+    if (!t || !t->defined()) return;
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == dtype, "fused_cpu: ", what, " must be a 4-D ", dtype, " tensor");
+    data = t->data_ptr<E>();
+    span = 1;
+    for (int i = 0; i < 4; ++i) {
+      stride[i] = t->stride(i);
+      span += (t->size(i) - 1) * stride[i];
+    }
+  }
+  explicit operator bool() const { return data != nullptr; }
+  // Offset of tile row i0 (and key j0) of flattened head `bh` = b * heads + h.
+  int64_t offset(int64_t bh, int64_t heads, int64_t i, int64_t j) const {
+    return (bh / heads) * stride[0] + (bh % heads) * stride[1] + i * stride[2] + j * stride[3];
+  }
+};
+
 // Everything a tile needs besides the operands.
 template <typename T>
 struct Problem {
@@ -158,52 +227,60 @@ struct Problem {
   Form form;
   int64_t power;
   const T* row_shift;  // (BH, Nq) or nullptr
-  const bool* allowed;  // strided view, or nullptr
-  int64_t mask_stride[4];
+  Strided4<T> bias;
+  Strided4<bool> allowed;
 
-  // Add the row shift to a (rows x cols) tile at (i0, j0) of head `h`.
-  void shift(T* tile, int64_t h, int64_t i0, int64_t rows, int64_t cols, int64_t ld) const {
-    if (!row_shift) return;
+  // S + b(n) + bias on a (rows x cols) tile at (i0, j0) of head `h`.
+  void add_score_terms(T* tile, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
     for (int64_t i = 0; i < rows; ++i) {
-      const T b = row_shift[h * nq + i0 + i];
-      T* z = tile + i * ld;
-      for (int64_t j = 0; j < cols; ++j) z[j] += b;
+      T* z = tile + i * cols;
+      if (row_shift) {
+        const T b = row_shift[h * nq + i0 + i];
+        for (int64_t j = 0; j < cols; ++j) z[j] += b;
+      }
+      if (bias) {
+        const T* row = bias.data + bias.offset(h, heads, i0 + i, j0);
+        for (int64_t j = 0; j < cols; ++j) z[j] += row[j * bias.stride[3]];
+      }
     }
   }
 
   // Zero the disallowed entries of each tile in `tiles`.
-  void mask(std::initializer_list<T*> tiles, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
-            int64_t ld) const {
+  void mask(std::initializer_list<T*> tiles, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
     if (!allowed) return;
-    const bool* base = allowed + (h / heads) * mask_stride[0] + (h % heads) * mask_stride[1];
     for (int64_t i = 0; i < rows; ++i) {
-      const bool* row = base + (i0 + i) * mask_stride[2] + j0 * mask_stride[3];
+      const bool* row = allowed.data + allowed.offset(h, heads, i0 + i, j0);
       for (int64_t j = 0; j < cols; ++j) {
-        if (!row[j * mask_stride[3]]) {
-          for (T* t : tiles) t[i * ld + j] = T(0);
+        if (!row[j * allowed.stride[3]]) {
+          for (T* t : tiles) t[i * cols + j] = T(0);
         }
       }
+    }
+  }
+
+  // dbias += dS, into a buffer laid out like the bias storage (sums over what the bias broadcasts along).
+  void add_bias_grad(T* dbias, const T* ds, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
+    for (int64_t i = 0; i < rows; ++i) {
+      T* row = dbias + bias.offset(h, heads, i0 + i, j0);
+      for (int64_t j = 0; j < cols; ++j) row[j * bias.stride[3]] += ds[i * cols + j];
     }
   }
 };
 
 template <typename T>
-Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                        int64_t form, int64_t power, const std::optional<at::Tensor>& row_shift,
-                        const std::optional<at::Tensor>& allowed) {
+Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, int64_t form,
+                        int64_t power, const std::optional<at::Tensor>& row_shift,
+                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& allowed) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "fused_cpu: q, k, v must be (B*H, N, d)");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "fused_cpu: operands must be contiguous");
   TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "fused_cpu: unknown activation form ", form);
+  const auto dtype = q.scalar_type();
   Problem<T> pb{q.size(0), heads, q.size(1), k.size(1), q.size(2), v.size(2), static_cast<Form>(form), power,
-                nullptr, nullptr, {0, 0, 0, 0}};
+                nullptr, Strided4<T>(bias, dtype, "bias"), Strided4<bool>(allowed, at::kBool, "allowed")};
   if (row_shift && row_shift->defined()) {
-    TORCH_CHECK(row_shift->is_contiguous() && row_shift->numel() == pb.bh * pb.nq, "fused_cpu: row_shift must be (B*H, Nq)");
+    TORCH_CHECK(row_shift->is_contiguous() && row_shift->numel() == pb.bh * pb.nq,
+                "fused_cpu: row_shift must be (B*H, Nq)");
     pb.row_shift = row_shift->data_ptr<T>();
-  }
-  if (allowed && allowed->defined()) {
-    TORCH_CHECK(allowed->dim() == 4 && allowed->scalar_type() == at::kBool, "fused_cpu: allowed must be a 4-D bool tensor");
-    pb.allowed = allowed->data_ptr<bool>();
-    for (int i = 0; i < 4; ++i) pb.mask_stride[i] = allowed->stride(i);
   }
   return pb;
 }
@@ -212,8 +289,7 @@ template <typename T>
 void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
                   int64_t block_q, int64_t block_k) {
   const int64_t q_blocks = (pb.nq + block_q - 1) / block_q;
-  const int64_t tile_size = block_q * std::min(block_k, pb.nk);
-  ThreadBuffers<T> buffers(tile_size);
+  ThreadBuffers<T> buffers(block_q * std::min(block_k, pb.nk));
   at::parallel_for(0, pb.bh * q_blocks, 1, [&](int64_t begin, int64_t end) {
     T* tile = buffers.get(at::get_thread_num());
     for (int64_t item = begin; item < end; ++item) {
@@ -225,9 +301,9 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
         const int64_t cols = std::min(block_k, pb.nk - j0);
         gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, k + (h * pb.nk + j0) * pb.d, pb.d, T(0), tile,
                 cols);
-        pb.shift(tile, h, i0, rows, cols, cols);
+        pb.add_score_terms(tile, h, i0, j0, rows, cols);
         apply_f(tile, rows * cols, pb.form, pb.power);
-        pb.mask({tile}, h, i0, j0, rows, cols, cols);
+        pb.mask({tile}, h, i0, j0, rows, cols);
         gemm<T>(false, false, rows, pb.dv, cols, T(1), tile, cols, v + (h * pb.nk + j0) * pb.dv, pb.dv,
                 j0 == 0 ? T(0) : T(1), oi, pb.dv);
       }
@@ -241,20 +317,24 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
 
 // Work is split over (head, key block): each item owns its rows of dK and dV.
 // dQ rows are shared by the key blocks of a head, so when there are fewer heads
-// than threads (long sequences) each thread accumulates dQ into its own buffer.
+// than threads (long sequences) each thread accumulates dQ into its own buffer;
+// a broadcast bias is shared by heads, so its gradient always is per thread.
 template <typename T>
-void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk,
-                   T* dv, int64_t block_q, int64_t block_k) {
+void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv,
+                   T* dbias, int64_t block_q, int64_t block_k) {
   const int64_t threads = at::get_num_threads();
   const int64_t k_blocks = (pb.nk + block_k - 1) / block_k;
   const bool split_keys = pb.bh < 2 * threads && k_blocks > 1;
-  const int64_t groups = split_keys ? k_blocks : 1;  // key blocks per head split into this many items
-  const int64_t dq_size = pb.bh * pb.nq * pb.d, tile_size = block_q * std::min(block_k, pb.nk);
-  ThreadBuffers<T> buffers(3 * tile_size + (split_keys ? dq_size : 0), /*zero=*/split_keys);
+  const int64_t groups = split_keys ? k_blocks : 1;  // items per head
+  const int64_t tile_size = block_q * std::min(block_k, pb.nk);
+  const int64_t dq_size = split_keys ? pb.bh * pb.nq * pb.d : 0, dbias_size = dbias ? pb.bias.span : 0;
+  ThreadBuffers<T> buffers(3 * tile_size + dq_size + dbias_size, /*zero=*/dq_size + dbias_size > 0);
+  const bool linear = pb.form == POLY && pb.power == 1;  // f' = 1: S is not needed after f
   at::parallel_for(0, pb.bh * groups, 1, [&](int64_t begin, int64_t end) {
     T* s = buffers.get(at::get_thread_num());
     T *f = s + tile_size, *ds = f + tile_size;
     T* dq_out = split_keys ? ds + tile_size : dq;
+    T* dbias_out = ds + tile_size + dq_size;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / groups;
       const int64_t first = split_keys ? item % groups : 0, last = split_keys ? first + 1 : k_blocks;
@@ -270,72 +350,83 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
           const T* doi = dout + (h * pb.nq + i0) * pb.dv;
           const T beta = i0 == 0 ? T(0) : T(1);  // dK, dV rows start at zero
           gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
-          pb.shift(s, h, i0, rows, cols, cols);
-          const bool linear = pb.form == POLY && pb.power == 1;  // f' = 1: s is not needed
+          pb.add_score_terms(s, h, i0, j0, rows, cols);
           apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
-          pb.mask({f, s}, h, i0, j0, rows, cols, cols);
+          pb.mask({f, s}, h, i0, j0, rows, cols);
           // dV_j += f^T dO_i ;  dP = dO_i V_j^T ;  dS = dP * f'
           gemm<T>(true, false, cols, pb.dv, rows, T(1), f, cols, doi, pb.dv, beta, dvj, pb.dv);
           gemm<T>(false, true, rows, cols, pb.dv, T(1), doi, pb.dv, vj, pb.dv, T(0), ds, cols);
           if (linear) {
-            pb.mask({ds}, h, i0, j0, rows, cols, cols);
+            pb.mask({ds}, h, i0, j0, rows, cols);
           } else {
             for (int64_t e = 0; e < rows * cols; ++e) ds[e] *= s[e];
           }
+          if (dbias) pb.add_bias_grad(dbias_out, ds, h, i0, j0, rows, cols);
           // dQ_i += dS K_j ;  dK_j += dS^T Q_i
-          gemm<T>(false, false, rows, pb.d, cols, T(1), ds, cols, kj, pb.d, T(1),
-                  dq_out + (h * pb.nq + i0) * pb.d, pb.d);
+          gemm<T>(false, false, rows, pb.d, cols, T(1), ds, cols, kj, pb.d, T(1), dq_out + (h * pb.nq + i0) * pb.d,
+                  pb.d);
           gemm<T>(true, false, cols, pb.d, rows, T(1), ds, cols, qi, pb.d, beta, dkj, pb.d);
         }
       }
     }
   });
-  if (split_keys) {  // dQ = sum of the threads' partial dQ
-    at::parallel_for(0, dq_size, 4096, [&](int64_t begin, int64_t end) {
+  // Sum the threads' partial dQ and dbias.
+  const auto reduce = [&](T* into, int64_t size, int64_t at) {
+    at::parallel_for(0, size, 4096, [&](int64_t begin, int64_t end) {
       for (int64_t t = 0; t < buffers.threads; ++t) {
-        const T* part = buffers.get(t) + 3 * tile_size;
-        for (int64_t e = begin; e < end; ++e) dq[e] += part[e];
+        const T* part = buffers.get(t) + at;
+        for (int64_t e = begin; e < end; ++e) into[e] += part[e];
       }
     });
-  }
+  };
+  if (split_keys) reduce(dq, dq_size, 3 * tile_size);
+  if (dbias) reduce(dbias, dbias_size, 3 * tile_size + dq_size);
 }
 
 at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& row_scale,
-                         const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& allowed,
-                         int64_t heads, int64_t form, int64_t power, int64_t block_q, int64_t block_k) {
-  auto out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+                         const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& allowed, int64_t heads, int64_t form, int64_t power,
+                         int64_t block_q, int64_t block_k) {
+  auto out = at::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_forward", [&] {
-    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, allowed);
-    TORCH_CHECK(row_scale.is_contiguous() && row_scale.numel() == pb.bh * pb.nq, "fused_cpu: row_scale must be (B*H, Nq)");
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed);
+    TORCH_CHECK(row_scale.is_contiguous() && row_scale.numel() == pb.bh * pb.nq,
+                "fused_cpu: row_scale must be (B*H, Nq)");
     forward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                            row_scale.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), block_q, block_k);
   });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
+// Returns (dQ, dK, dV, dbias); dbias is laid out like the bias storage and empty unless bias_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-    const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& allowed, int64_t heads,
-    int64_t form, int64_t power, int64_t block_q, int64_t block_k) {
+    const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& allowed, bool bias_grad, int64_t heads, int64_t form, int64_t power,
+    int64_t block_q, int64_t block_k) {
   TORCH_CHECK(dout.is_contiguous() && dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
               "fused_cpu: grad_out must be contiguous (B*H, Nq, dv)");
-  auto dq = at::zeros_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  at::Tensor dbias;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_backward", [&] {
-    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, allowed);
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed);
+    TORCH_CHECK(!bias_grad || pb.bias, "fused_cpu: bias_grad without a bias");
+    dbias = at::zeros({bias_grad ? pb.bias.span : 0}, q.options());
     backward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                             dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-                            dv.data_ptr<scalar_t>(), block_q, block_k);
+                            dv.data_ptr<scalar_t>(), bias_grad ? dbias.data_ptr<scalar_t>() : nullptr, block_q,
+                            block_k);
   });
-  return {dq, dk, dv};
+  return {dq, dk, dv, dbias};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(polyattn_cpu, m) {
-  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor row_scale, Tensor? row_shift, Tensor? allowed, int heads, "
-        "int form, int power, int block_q, int block_k) -> Tensor");
-  m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor? row_shift, Tensor? allowed, int heads, "
-        "int form, int power, int block_q, int block_k) -> (Tensor, Tensor, Tensor)");
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor row_scale, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
+        "int heads, int form, int power, int block_q, int block_k) -> Tensor");
+  m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
+        "bool bias_grad, int heads, int form, int power, int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(polyattn_cpu, CPU, m) {
