@@ -67,6 +67,7 @@ CASES = [
     Case("poly3/naive", naive_poly3, max_n=4096),
     _kernel("poly1", "associative"),
     _kernel("poly1", "fused_cpu"),
+    _kernel("poly1", "blocked"),
     _kernel("relu", "fused_cpu"),
     _kernel("softplus", "fused_cpu"),
     _kernel("sigmoid", "fused_cpu"),
