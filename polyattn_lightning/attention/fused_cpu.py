@@ -1,4 +1,4 @@
-"""The fused C++ CPU kernel (``csrc/fused_cpu.cpp``), compiled on first use.
+"""The fused C++ CPU kernel (``csrc/fused_cpu.cpp``; built by ``cpp.load``).
 
 On CPU this is what makes a non-softmax model train as fast as softmax on
 SDPA: one C++ loop per thread over cache-resident score tiles, BLAS for the
@@ -7,77 +7,22 @@ built-in forms (``poly{p}``, ``relu``, ``softplus``, ``sigmoid``), any
 boolean mask and a score bias (Swin's relative-position bias, with its
 gradient); dropout goes to the blocked PyTorch kernel.
 
-The source is compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
-``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
-time a process needs it, some 15 s, then loaded from there. The build is named
-after the CPU's vector extensions, so nodes of different CPU generations that
-share a home directory never load each other's binaries. Where the build
-fails (no compiler), a warning says why and the blocked kernel runs instead;
-``POLYATTN_FUSED_CPU=0`` turns the kernel off.
+Where the C++ kernels cannot be built (no compiler), a warning says why and
+the blocked kernel runs instead.
 """
 from __future__ import annotations
-
-import functools
-import os
-import re
-import shutil
-import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from .blocked import as_4d, flatten_heads
+from .cpp import load
 from .registry import Activation, compute_dtype
 
-SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 #: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
 #: backward's three 128 x 256 tiles stay in L2; measured best on the benchmark machine.
 FORWARD_BLOCK = (64, 512)
 BACKWARD_BLOCK = (128, 256)
-#: Compiler flags per ``torch.backends.cpu.get_cpu_capability()``: the instruction set, and the
-#: macros that select the matching ``at::vec::Vectorized`` (SIMD exp and log1p for softplus/sigmoid).
-_VECTOR_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-}
-_PORTABLE_FLAGS = ["-DCPU_CAPABILITY=DEFAULT"]
-
-
-@functools.cache
-def load() -> bool:
-    """Compile (once per machine and source version) and load the kernel; False where that is impossible."""
-    if os.environ.get("POLYATTN_FUSED_CPU", "1") == "0":
-        return False
-    capability = torch.backends.cpu.get_cpu_capability()
-    try:
-        _put_ninja_on_path()
-        from torch.utils import cpp_extension
-
-        cpp_extension.load(
-            name="polyattn_fused_cpu_" + re.sub(r"\W", "_", capability.lower()),
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, _PORTABLE_FLAGS)],
-            is_python_module=False,
-        )
-    except Exception as error:  # no compiler, no BLAS symbols, ...: the blocked kernel still works
-        warnings.warn(
-            f"the fused C++ attention kernel ({SOURCE.name}) could not be built or loaded "
-            f"({type(error).__name__}: {error}); non-softmax attention on CPU falls back to the slower "
-            "blocked PyTorch kernel. Set POLYATTN_FUSED_CPU=0 to silence this.",
-            stacklevel=3,
-        )
-        return False
-    return True
-
-
-def _put_ninja_on_path() -> None:
-    """``cpp_extension`` runs ``ninja`` from PATH; the PyPI package's binary may sit in an unactivated venv."""
-    if shutil.which("ninja") is None:
-        import ninja
-
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def fused_cpu_supports(q: Tensor, act: Activation) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from attention_reference import ELEMENTWISE, make_qkv, reference_attention
 
-from polyattn_lightning.attention import Activation, attention, blocked, fused_cpu, get_activation
+from polyattn_lightning.attention import Activation, associative, attention, blocked, fused_cpu, get_activation
 from polyattn_lightning.attention.functional import _pick_kernel
 
 QUADRATIC = ["materialized", "blocked", "fused_cpu"]
@@ -100,14 +100,30 @@ def test_gradcheck_blocked(name, small_tiles):
     assert torch.autograd.gradcheck(fn, (q, k, v, bias))
 
 
+@pytest.fixture(params=["cpp", "torch"])
+def associative_path(request, monkeypatch):
+    """The associative kernel's C++ path (CPU default) and its PyTorch path (other devices)."""
+    if request.param == "torch":
+        monkeypatch.setattr(associative, "load", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("kernel", ["associative", *QUADRATIC])
-def test_poly1_with_key_padding_on_every_kernel(kernel):
+def test_poly1_with_key_padding_on_every_kernel(kernel, associative_path):
     q, k, v = make_qkv(Nq=6, Nk=8)
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 5:] = True
     out = attention(q, k, v, "poly1", key_padding_mask=padding, kernel=kernel)
     keep = ~padding[:, None, None, :]
     assert_matches_reference_attention(out, reference_attention(q, k, v, "poly1", keep=keep), (q, k, v))
+
+
+def test_gradcheck_associative(associative_path):
+    q, k, v = make_qkv(B=2, H=2, Nq=6, Nk=7, d=3, dv=2)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, 4:] = True
+    fn = lambda q, k, v: attention(q, k, v, "poly1", key_padding_mask=padding, kernel="associative")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
 def test_associative_rejects_what_it_cannot_do():
