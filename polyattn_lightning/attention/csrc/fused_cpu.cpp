@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "common.h"
 
@@ -58,6 +60,14 @@ template <typename T>
 inline at::vec::Vectorized<T> max_(at::vec::Vectorized<T> a, at::vec::Vectorized<T> b) {
   return at::vec::maximum(a, b);
 }
+// a where z >= 0, else b
+template <typename T>
+inline T if_nonnegative(T z, T a, T b) { return z >= T(0) ? a : b; }
+template <typename T>
+inline at::vec::Vectorized<T> if_nonnegative(at::vec::Vectorized<T> z, at::vec::Vectorized<T> a,
+                                             at::vec::Vectorized<T> b) {
+  return at::vec::Vectorized<T>::blendv(b, a, z >= at::vec::Vectorized<T>(0));
+}
 
 template <typename V>
 inline V sigmoid(V z) {
@@ -69,6 +79,19 @@ inline V softplus(V z) {  // max(z, 0) + log(1 + e^-|z|): never overflows
   return max_(z, V(0)) + log1p_(exp_(V(0) - abs_(z)));
 }
 
+// (softplus(z), sigmoid(z)) from one exp: with e = e^-|z|, sigmoid is 1 / (1 + e) for z >= 0, else e / (1 + e).
+template <typename V>
+inline std::pair<V, V> softplus_and_grad(V z) {
+  const V e = exp_(V(0) - abs_(z)), r = V(1) / (V(1) + e);
+  return {max_(z, V(0)) + log1p_(e), if_nonnegative(z, r, e * r)};
+}
+
+template <typename V>
+inline std::pair<V, V> sigmoid_and_grad(V z) {
+  const V s = sigmoid(z);
+  return {s, s - s * s};
+}
+
 // z[j] = op(z[j]) for j < n, a SIMD vector at a time, then the tail one by one.
 template <typename T, typename Op>
 inline void map_inplace(T* z, int64_t n, Op op) {
@@ -78,21 +101,17 @@ inline void map_inplace(T* z, int64_t n, Op op) {
   for (; j < n; ++j) z[j] = op(z[j]);
 }
 
-// (f[j], z[j]) = (op_f(z[j]), op_g(z[j])) for j < n, as map_inplace.
-template <typename T, typename OpF, typename OpG>
-inline void map_pair(T* z, T* f, int64_t n, OpF op_f, OpG op_g) {
+// (f[j], z[j]) = op(z[j]) for j < n, op returning a pair; as map_inplace.
+template <typename T, typename Op>
+inline void map_pair(T* z, T* f, int64_t n, Op op) {
   using Vec = at::vec::Vectorized<T>;
   int64_t j = 0;
   for (; j + Vec::size() <= n; j += Vec::size()) {
-    const Vec x = Vec::loadu(z + j);
-    op_f(x).store(f + j);
-    op_g(x).store(z + j);
+    const auto [value, grad] = op(Vec::loadu(z + j));
+    value.store(f + j);
+    grad.store(z + j);
   }
-  for (; j < n; ++j) {
-    const T x = z[j];
-    f[j] = op_f(x);
-    z[j] = op_g(x);
-  }
+  for (; j < n; ++j) std::tie(f[j], z[j]) = op(z[j]);
 }
 
 // f(z) over n values in place.
@@ -152,13 +171,10 @@ void apply_f_and_grad(T* z, T* f, int64_t n, Form form, int64_t p) {
       }
       break;
     case SOFTPLUS:
-      map_pair(z, f, n, [](auto x) { return softplus(x); }, [](auto x) { return sigmoid(x); });
+      map_pair(z, f, n, [](auto x) { return softplus_and_grad(x); });
       break;
     case SIGMOID:
-      map_pair(z, f, n, [](auto x) { return sigmoid(x); }, [](auto x) {
-        const auto s = sigmoid(x);
-        return s - s * s;
-      });
+      map_pair(z, f, n, [](auto x) { return sigmoid_and_grad(x); });
       break;
   }
 }
