@@ -1,18 +1,22 @@
 """Attention benchmark: every activation and kernel against SDPA softmax, same shapes, same run.
 
-``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5] [--json out.json]``
+``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5]
+[--device cpu|cuda] [--json out.json]``
 
 Time: after one warm-up call per case, the cases run round-robin ``repeats``
-times (forward, then forward+backward) and each reports its median. Running
-them interleaved rather than one after the other keeps the ratios honest on a
-shared machine whose load drifts.
+times (an untimed forward+backward, a timed forward, a timed forward+backward)
+and each reports its median. Running them interleaved rather than one after
+the other keeps the ratios honest on a shared machine whose load drifts; the
+untimed call leaves memory and caches in the case's own state. On CUDA each
+timing spans from an idle device to the end of the case's kernels.
 
-Memory: one forward+backward per case under ``torch.profiler`` with
+Memory: on CPU, one forward+backward per case under ``torch.profiler`` with
 ``profile_memory=True``; replaying its allocator events in time order gives the
 peak of bytes allocated during the step on top of what was allocated before it
 (the inputs are excluded; outputs, saved tensors, tiles and gradients count).
 The allocator's own accounting, unlike process RSS, does not depend on what
-the C allocator caches, so the small-tensor kernels are not lost in noise.
+the C allocator caches, so the small-tensor kernels are not lost in noise. On
+CUDA, the caching allocator's peak counter, reset before the step.
 """
 from __future__ import annotations
 
@@ -54,32 +58,34 @@ class Case:
     label: str
     fn: Callable[[Tensor, Tensor, Tensor], Tensor]
     max_n: int | None = None  # skipped above this length (N x N tensors would not fit)
+    device: str | None = None  # the one device type the case runs on; None: any
 
 
-def _kernel(activation: str, kernel: str) -> Case:
-    return Case(f"{activation}/{kernel}", partial(attention, activation=activation, kernel=kernel))
+def _kernel(activation: str, kernel: str, device: str | None = None) -> Case:
+    return Case(f"{activation}/{kernel}", partial(attention, activation=activation, kernel=kernel), device=device)
 
 
 CASES = [
     _kernel("softmax", "sdpa"),
-    _kernel("poly3", "fused_cpu"),
+    _kernel("poly3", "fused_cpu", "cpu"),
+    _kernel("poly3", "triton", "cuda"),
     _kernel("poly3", "blocked"),
     Case("poly3/naive", naive_poly3, max_n=4096),
     _kernel("poly1", "associative"),
-    _kernel("poly1", "fused_cpu"),
+    _kernel("poly1", "fused_cpu", "cpu"),
+    _kernel("poly1", "triton", "cuda"),
     _kernel("poly1", "blocked"),
-    _kernel("relu", "fused_cpu"),
-    _kernel("softplus", "fused_cpu"),
-    _kernel("sigmoid", "fused_cpu"),
+    *(_kernel(name, kernel, device) for name in ("relu", "softplus", "sigmoid")
+      for kernel, device in (("fused_cpu", "cpu"), ("triton", "cuda"))),
 ]
-#: The kernels the targets are checked on, best first: what ``attention()`` picks on CPU,
-#: else the blocked fallback (a machine where the C++ kernel cannot be built).
-TARGET_KERNELS = ("fused_cpu", "blocked")
+#: The kernels the targets are checked on, best first: what ``attention()`` picks on the
+#: device, else the blocked fallback (e.g. a machine where the C++ kernels cannot be built).
+TARGET_KERNELS = ("fused_cpu", "triton", "blocked")
 
 
-def _inputs(shape: tuple[int, int, int, int], seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _inputs(shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0) -> tuple[Tensor, ...]:
     generator = torch.Generator().manual_seed(seed)
-    q, k, v, grad = (torch.randn(shape, generator=generator) for _ in range(4))
+    q, k, v, grad = (torch.randn(shape, generator=generator).to(device) for _ in range(4))
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
 
 
@@ -91,10 +97,18 @@ def _step(case: Case, q: Tensor, k: Tensor, v: Tensor, grad: Tensor | None) -> N
         out.backward(grad)
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Wall time of ``fn``; on CUDA, from an idle device to the end of its kernels."""
+    _synchronize(device)
     start = time.perf_counter()
     fn()
+    _synchronize(device)
     return time.perf_counter() - start
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_cases(cases: list[Case], inputs, repeats: int) -> dict[str, dict[str, list[float]]]:
@@ -106,13 +120,21 @@ def time_cases(cases: list[Case], inputs, repeats: int) -> dict[str, dict[str, l
     for _ in range(repeats):
         for case in cases:
             _step(case, q, k, v, grad)  # untimed: memory and caches hold this case's state, not the last case's
-            samples[case.label]["fwd"].append(_timed(partial(_step, case, q, k, v, None)))
-            samples[case.label]["fwd_bwd"].append(_timed(partial(_step, case, q, k, v, grad)))
+            samples[case.label]["fwd"].append(_timed(partial(_step, case, q, k, v, None), q.device))
+            samples[case.label]["fwd_bwd"].append(_timed(partial(_step, case, q, k, v, grad), q.device))
     return samples
 
 
 def peak_bytes(case: Case, inputs) -> int:
     """Peak bytes allocated during one forward+backward, above the allocation level before it."""
+    device = inputs[0].device
+    if device.type == "cuda":  # the caching allocator's own counters
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _step(case, *inputs)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         _step(case, *inputs)
     events = sorted(
@@ -125,9 +147,9 @@ def peak_bytes(case: Case, inputs) -> int:
     return peak
 
 
-def run_shape(name: str, shape, cases: list[Case], repeats: int, memory: bool) -> dict:
+def run_shape(name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu") -> dict:
     cases = [c for c in cases if c.max_n is None or shape[2] <= c.max_n]
-    inputs = _inputs(shape)
+    inputs = _inputs(shape, device)
     samples = time_cases(cases, inputs, repeats)
     result = {"shape": dict(zip("BHNd", shape)), "cases": {}}
     for case in cases:
@@ -193,7 +215,7 @@ def _absolute(entry: dict) -> str:
     return text + (f", {entry['peak_bytes'] / 2**20:.1f} MiB" if "peak_bytes" in entry else "")
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
     model = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -207,6 +229,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_average": os.getloadavg(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
 
 
@@ -231,12 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default: cpu)")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: PyTorch sees no CUDA device here")
 
-    cases = CASES
-    if not cpp.load():
+    cases = [c for c in CASES if c.device in (None, args.device)]
+    if args.device == "cpu" and not cpp.load():
         print("the C++ kernels are unavailable (see the warning); the fused_cpu cases are left out", file=sys.stderr)
         cases = [c for c in cases if not c.label.endswith("/fused_cpu")]
     if args.cases:
@@ -249,14 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, shape in args.shapes.items():
         print(f"running {name} {shape} ...", file=sys.stderr, flush=True)
-        results[name] = run_shape(name, shape, cases, args.repeats, memory=not args.no_memory)
+        results[name] = run_shape(name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device)
     checks = check_targets(results)
     print(format_table(results))
     for check in checks:
         print(f"{'MET ' if check['met'] else 'MISS'} {check['target']}: {check['value']:.2f}")
     if args.json:
         command = " ".join(["python -m polyattn_lightning.bench attention", *argv])
-        report = {"command": command, "machine": machine(), "results": results, "targets": checks}
+        report = {"command": command, "machine": machine(args.device), "results": results, "targets": checks}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
