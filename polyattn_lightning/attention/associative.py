@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .blocked import flatten_heads
 from .cpp import load
@@ -39,6 +40,7 @@ class AssociativeAttention(torch.autograd.Function):
         return out.view(*shape4[:3], -1).to(v.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, kv, keep, s = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):

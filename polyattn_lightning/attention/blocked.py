@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .registry import Activation, compute_dtype
 
@@ -241,6 +242,7 @@ class BlockedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, bias, row_scale = ctx.saved_tensors
         act, t, tiles = ctx.act, ctx.t, ctx.tiles

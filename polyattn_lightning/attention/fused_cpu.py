@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .blocked import as_4d, flatten_heads
 from .cpp import load
@@ -58,6 +59,7 @@ class FusedCPUAttention(torch.autograd.Function):
         return out.view(*shape4[:3], -1).to(v.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, row_scale, row_shift, bias, mask = ctx.saved_tensors
         shape4, t, form, power, bias_shape = ctx.meta

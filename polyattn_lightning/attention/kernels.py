@@ -4,7 +4,8 @@ All take the same normalised arguments: ``act`` (an elementwise Activation),
 ``t`` (temperature), ``allowed`` (bool mask or None), ``bias`` (additive score
 bias or None), ``n`` (keys per row, fp32) and ``dropout_p``. Scores and
 ``phi(S)`` are fp32 in every kernel (fp64 for fp64 inputs); the output has
-``v``'s dtype.
+``v``'s dtype. The hand-written backward passes are differentiable once:
+asking for a second derivative raises instead of returning a wrong one.
 
 * ``materialized``: the whole ``N x N`` at once; simple, a reference.
 * ``blocked``: tiles, custom backward; CPU and GPU, any activation (``blocked.py``).

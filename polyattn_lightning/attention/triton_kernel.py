@@ -30,6 +30,7 @@ import os
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 try:
     import triton
@@ -233,6 +234,7 @@ class TritonAttention(torch.autograd.Function):
         return out.view(B, H, nq, dv).to(v.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, c, shift = ctx.saved_tensors
         do = grad_out.to(q3.dtype).reshape(q3.shape[0], q3.shape[1], -1).contiguous()

@@ -126,6 +126,17 @@ def test_gradcheck_associative(associative_path):
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
+@pytest.mark.parametrize("kernel", ["blocked", "fused_cpu", "associative"])
+def test_double_backward_raises_instead_of_a_wrong_answer(kernel):
+    """A gradient penalty differentiates the backward; without the guard, d/dq of it would be silently lost."""
+    q, k, v = make_qkv()
+    out = attention(q, k, v, "poly1", kernel=kernel)
+    weight = torch.ones_like(out, requires_grad=True)
+    (grad_q,) = torch.autograd.grad(out, q, grad_outputs=weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_q.square().sum().backward()
+
+
 def test_associative_rejects_what_it_cannot_do():
     q, k, v = make_qkv()
     with pytest.raises(ValueError, match="attn_mask"):
