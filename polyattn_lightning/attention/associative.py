@@ -32,7 +32,7 @@ class AssociativeAttention(torch.autograd.Function):
             if _in_cpp(q3):
                 out, kv = torch.ops.polyattn_cpu.associative_forward(q3, k3, v3, keep, s)
             else:
-                keys = k3 if keep is None else k3 * keep[..., None]
+                keys = _zero_padded(k3, keep)
                 kv = torch.bmm(keys.transpose(1, 2), v3).mul_(s[:, None, None])  # (B*H, d, dv)
                 out = torch.bmm(q3, kv)
         ctx.save_for_backward(q3, k3, v3, kv, keep, s)
@@ -48,13 +48,12 @@ class AssociativeAttention(torch.autograd.Function):
             if _in_cpp(q3):
                 dq, dk, dv = torch.ops.polyattn_cpu.associative_backward(q3, k3, v3, kv, do, keep, s)
             else:
-                keys = k3 if keep is None else k3 * keep[..., None]
+                keys = _zero_padded(k3, keep)
                 dq = torch.bmm(do, kv.transpose(1, 2))
                 dkv = torch.bmm(q3.transpose(1, 2), do).mul_(s[:, None, None])  # (B*H, d, dv)
                 dk = torch.bmm(v3, dkv.transpose(1, 2))
                 dv = torch.bmm(keys, dkv)
-                if keep is not None:
-                    dk.mul_(keep[..., None])
+                dk = _zero_padded(dk, keep)
         shapes = (*grad_out.shape[:2], -1)
         return (
             *(g.view(*shapes, g.shape[-1]).to(dtype) for g, dtype in zip((dq, dk, dv), ctx.dtypes)),
@@ -80,6 +79,11 @@ def associative(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
     if allowed is not None:  # (B*H, Nk): 1 for a key, 0 for padding
         keep = allowed.to(dtype).expand(batch, heads, 1, nk).reshape(batch * heads, nk).contiguous()
     return AssociativeAttention.apply(q, k, v, keep, s.contiguous())
+
+
+def _zero_padded(x: Tensor, keep: Tensor | None) -> Tensor:
+    """``x`` (B*H, Nk, d) with the rows of padded keys zeroed (selected, so an inf there gives no NaN)."""
+    return x if keep is None else x.masked_fill(keep[..., None] == 0, 0.0)
 
 
 def _in_cpp(q3: Tensor) -> bool:

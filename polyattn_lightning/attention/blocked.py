@@ -202,7 +202,7 @@ def as_4d(x: Tensor) -> Tensor:
 
 def flatten_heads(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``(B, H, N, d)`` -> contiguous ``(B*H, N, d)`` in the compute dtype."""
-    return x.to(dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    return x.to(dtype).reshape(x.shape[0] * x.shape[1], x.shape[-2], x.shape[-1]).contiguous()
 
 
 def _transposed(x: Tensor) -> Tensor:

@@ -53,4 +53,6 @@ _KERNELS = {
 def run(kernel: str, q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
     if kernel not in _KERNELS:
         raise ValueError(f"attention kernel {kernel!r} is not available here; available: {sorted(_KERNELS)}")
+    if 0 in (*q.shape[:3], k.shape[-2]):  # nothing to tile: an empty batch, no queries or no keys (zeros)
+        kernel = "materialized"
     return _KERNELS[kernel](q, k, v, act, t, allowed, bias, n, dropout_p)

@@ -1,6 +1,7 @@
 """The non-softmax kernels against the plain-PyTorch reference: values, gradients, masks, dtypes, dropout."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -36,13 +37,22 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(fused_cpu, "BACKWARD_BLOCK", (5, 3))
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    """Run with one and with two intra-op threads (the fused kernel splits work differently)."""
+@contextlib.contextmanager
+def num_threads(count: int):
+    """PyTorch's intra-op thread count set to ``count`` for the block."""
     before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+    torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(params=[1, 2, 3], ids=["1thread", "2threads", "3threads"])
+def threads(request):
+    """Run with one to three intra-op threads (the fused kernel splits work differently)."""
+    with num_threads(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("kernel", QUADRATIC)
@@ -62,15 +72,18 @@ def test_blocked_with_ragged_blocks_and_nq_ne_nk(name, small_tiles):
     assert_matches_reference_attention(out, reference_attention(q, k, v, name, keep=keep, bias=bias), (q, k, v, bias))
 
 
+@pytest.mark.parametrize("bias_shape", [(3, 37, 10), (2, 3, 37, 10), (2, 3, 37, 1)], ids=["shared", "own", "key-bcast"])
 @pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("name", ELEMENTWISE)
-def test_fused_cpu_with_ragged_blocks_and_nq_ne_nk(name, heads, small_tiles, threads):
-    """Two heads in all on two threads split each head's keys across threads, which then sum private dQ
-    buffers; the bias gradient is summed over the batch from per-thread buffers."""
+def test_fused_cpu_with_ragged_blocks_and_nq_ne_nk(name, heads, bias_shape, small_tiles, threads):
+    """Fewer heads than twice the threads spreads each head's key blocks over chunks that sum dQ (and a
+    bias gradient shared by heads or broadcast along keys) in buffers of their own; a bias of every head's
+    own goes straight into its gradient."""
     q, k, v = make_qkv(B=2, H=heads, Nq=37, Nk=10)  # 37 = 9 x 4 + 1 queries, 10 = 3 x 3 + 1 keys per tile
     keep = torch.rand(1, 1, 37, 10, generator=torch.Generator().manual_seed(1)) > 0.3
     keep[..., 5, :] = False  # a row with no attendable key
-    bias = torch.randn(heads, 37, 10, dtype=q.dtype, requires_grad=True)  # broadcast over the batch, as Swin's
+    bias_shape = tuple(heads if size == 3 else size for size in bias_shape)
+    bias = torch.randn(bias_shape, dtype=q.dtype, requires_grad=True)
     out = attention(q, k, v, name, attn_mask=keep, attn_bias=bias, kernel="fused_cpu")
     expected = reference_attention(q, k, v, name, keep=keep, bias=bias)
     assert_matches_reference_attention(out, expected, (q, k, v, bias))
@@ -135,6 +148,42 @@ def test_double_backward_raises_instead_of_a_wrong_answer(kernel):
     (grad_q,) = torch.autograd.grad(out, q, grad_outputs=weight, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         grad_q.square().sum().backward()
+
+
+def test_inf_in_a_padded_key_stays_out(associative_path):
+    q, k, v = make_qkv(Nq=6, Nk=8)
+    padding = torch.zeros(2, 8, dtype=torch.bool)
+    padding[:, 6:] = True
+    k = k.detach().clone()
+    k[..., 6:, :] = float("inf")
+    for kernel in ("associative", "fused_cpu", "materialized"):
+        out = attention(q, k, v, "poly1", key_padding_mask=padding, kernel=kernel)
+        assert out.isfinite().all(), kernel
+        torch.testing.assert_close(out, reference_attention(q, k[..., :6, :], v[..., :6, :], "poly1"))
+
+
+@pytest.mark.parametrize("name", ["poly1", "poly3"])
+@pytest.mark.parametrize("sizes", [(0, 9, 11), (2, 0, 11), (2, 9, 0)], ids=["no-batch", "no-queries", "no-keys"])
+def test_empty_inputs_give_empty_or_zero_outputs(name, sizes):
+    batch, nq, nk = sizes
+    q, k, v = make_qkv(B=batch, Nq=nq, Nk=nk)
+    out = attention(q, k, v, name)
+    assert out.shape == (batch, 3, nq, 5) and not out.any()
+    assert all(g.shape == x.shape and not g.any() for g, x in zip(torch.autograd.grad(out.sum(), (q, k, v)), (q, k, v)))
+
+
+def test_fused_backward_scratch_does_not_grow_with_a_copy_of_dq_per_thread():
+    """Regression: with fewer heads than 2x the threads, every thread summed dQ for *all* heads in its own
+    buffer (threads x dQ of extra memory); now a chunk of work holds dQ only for the heads it touches."""
+    from polyattn_lightning.bench.attention import Case, peak_bytes
+
+    q, k, v = (x.detach().float().requires_grad_() for x in make_qkv(B=1, H=24, Nq=512, Nk=512, d=16, dv=16))
+    case = Case("poly3/fused_cpu", lambda q, k, v: attention(q, k, v, "poly3", kernel="fused_cpu"))
+    tiles = 16 * 3 * fused_cpu.BACKWARD_BLOCK[0] * fused_cpu.BACKWARD_BLOCK[1] * 4
+    dq = q.numel() * 4
+    with num_threads(16):  # 24 heads < 2 x 16 threads: the key blocks of a head are spread over chunks
+        extra = peak_bytes(case, (q, k, v, torch.ones_like(q))) - tiles
+    assert extra < 16 * dq  # q, k, v grads, out and saved operands are a few dQ; the old buffers were 16
 
 
 def test_associative_rejects_what_it_cannot_do():

@@ -1,5 +1,5 @@
 // What the C++ attention kernels share: row-major GEMM on PyTorch's BLAS, and
-// per-thread scratch memory.
+// scratch memory.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,20 +31,19 @@ inline void gemm(bool ta, bool tb, int m, int n, int k, T alpha, const T* a, int
   }
 }
 
-// One scratch area per thread of the intra-op pool, allocated up front as a
-// tensor so that PyTorch's allocator (and the memory profiler) sees it.
+// `count` scratch areas (one per thread or per chunk of work), allocated up front
+// as one tensor so that PyTorch's allocator (and the memory profiler) sees them.
 template <typename T>
-struct ThreadBuffers {
-  int64_t threads, size;
+struct ScratchBuffers {
+  int64_t count, size;
   at::Tensor storage;
-  ThreadBuffers(int64_t size_per_thread, bool zero = false)
-      : threads(at::get_num_threads()), size(size_per_thread) {
+  ScratchBuffers(int64_t count, int64_t size, bool zero = false) : count(count), size(size) {
     const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-    storage = zero ? at::zeros({threads, size}, options) : at::empty({threads, size}, options);
+    storage = zero ? at::zeros({count, size}, options) : at::empty({count, size}, options);
   }
-  T* get(int64_t thread) {
-    TORCH_CHECK(thread < threads, "polyattn: thread ", thread, " outside a pool of ", threads);
-    return storage.data_ptr<T>() + thread * size;
+  T* get(int64_t index) {
+    TORCH_CHECK(index < count, "polyattn: scratch area ", index, " of ", count);
+    return storage.data_ptr<T>() + index * size;
   }
 };
 

@@ -28,7 +28,7 @@
 namespace {
 
 using polyattn::gemm;
-using polyattn::ThreadBuffers;
+using polyattn::ScratchBuffers;
 
 // Activation forms, as in registry.Activation.kernel.
 enum Form : int64_t { POLY = 0, RELU = 1, SOFTPLUS = 2, SIGMOID = 3 };
@@ -197,6 +197,10 @@ struct Strided4 {
     }
   }
   explicit operator bool() const { return data != nullptr; }
+  // Whether flattened heads of different (batch, head) read the same elements.
+  bool shared_across_heads(int64_t batch, int64_t heads) const {
+    return (stride[0] == 0 && batch > 1) || (stride[1] == 0 && heads > 1);
+  }
   // Offset of tile row i0 (and key j0) of flattened head `bh` = b * heads + h.
   int64_t offset(int64_t bh, int64_t heads, int64_t i, int64_t j) const {
     return (bh / heads) * stride[0] + (bh % heads) * stride[1] + i * stride[2] + j * stride[3];
@@ -272,7 +276,7 @@ template <typename T>
 void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
                   int64_t block_q, int64_t block_k) {
   const int64_t q_blocks = (pb.nq + block_q - 1) / block_q;
-  ThreadBuffers<T> buffers(block_q * std::min(block_k, pb.nk));
+  ScratchBuffers<T> buffers(at::get_num_threads(), block_q * std::min(block_k, pb.nk));
   at::parallel_for(0, pb.bh * q_blocks, 1, [&](int64_t begin, int64_t end) {
     T* tile = buffers.get(at::get_thread_num());
     for (int64_t item = begin; item < end; ++item) {
@@ -298,72 +302,92 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
   });
 }
 
-// Work is split over (head, key block): each item owns its rows of dK and dV.
-// dQ rows are shared by the key blocks of a head, so when there are fewer heads
-// than threads (long sequences) each thread accumulates dQ into its own buffer;
-// a broadcast bias is shared by heads, so its gradient always is per thread.
+// Work is split over (head, key block) items, one contiguous chunk of items per
+// thread; each item owns its rows of dK and dV. When there are fewer heads than
+// threads (long sequences) the key blocks of a head are spread over chunks, so
+// each chunk sums dQ for the few heads it touches in a buffer of its own; a bias
+// broadcast over batch or heads (Swin's) is shared by heads, so its gradient is
+// summed per chunk too. The chunks' buffers are added up at the end.
 template <typename T>
 void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv,
                    T* dbias, int64_t block_q, int64_t block_k) {
-  const int64_t threads = at::get_num_threads();
-  const int64_t k_blocks = (pb.nk + block_k - 1) / block_k;
+  const auto divup = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t threads = at::get_num_threads(), k_blocks = divup(pb.nk, block_k);
   const bool split_keys = pb.bh < 2 * threads && k_blocks > 1;
-  const int64_t groups = split_keys ? k_blocks : 1;  // items per head
+  const int64_t groups = split_keys ? k_blocks : 1, items = pb.bh * groups;  // items per head, in all
+  const int64_t chunks = std::max<int64_t>(1, std::min(items, threads)), per_chunk = divup(items, chunks);
+  const int64_t head_dq = pb.nq * pb.d;
+  const int64_t chunk_heads = split_keys ? divup(per_chunk, groups) + 1 : 0;  // heads a chunk's dQ buffer holds
+  // several items add into the same dbias elements: heads sharing the bias, or one head's key blocks
+  // on different chunks when the bias broadcasts along keys
+  const bool shared_bias = dbias && (pb.bias.shared_across_heads(pb.bh / pb.heads, pb.heads) ||
+                                     (split_keys && pb.bias.stride[3] == 0));
   const int64_t tile_size = block_q * std::min(block_k, pb.nk);
-  const int64_t dq_size = split_keys ? pb.bh * pb.nq * pb.d : 0, dbias_size = dbias ? pb.bias.span : 0;
-  ThreadBuffers<T> buffers(3 * tile_size + dq_size + dbias_size, /*zero=*/dq_size + dbias_size > 0);
+  const int64_t dq_size = chunk_heads * head_dq, dbias_size = shared_bias ? pb.bias.span : 0;
+  ScratchBuffers<T> buffers(chunks, 3 * tile_size + dq_size + dbias_size, /*zero=*/dq_size + dbias_size > 0);
   const bool linear = pb.form == POLY && pb.power == 1;  // f' = 1: S is not needed after f
-  at::parallel_for(0, pb.bh * groups, 1, [&](int64_t begin, int64_t end) {
-    T* s = buffers.get(at::get_thread_num());
-    T *f = s + tile_size, *ds = f + tile_size;
-    T* dq_out = split_keys ? ds + tile_size : dq;
-    T* dbias_out = ds + tile_size + dq_size;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / groups;
-      const int64_t first = split_keys ? item % groups : 0, last = split_keys ? first + 1 : k_blocks;
-      for (int64_t kb = first; kb < last; ++kb) {
-        const int64_t j0 = kb * block_k, cols = std::min(block_k, pb.nk - j0);
-        const T* kj = k + (h * pb.nk + j0) * pb.d;
-        const T* vj = v + (h * pb.nk + j0) * pb.dv;
-        T* dkj = dk + (h * pb.nk + j0) * pb.d;
-        T* dvj = dv + (h * pb.nk + j0) * pb.dv;
-        for (int64_t i0 = 0; i0 < pb.nq; i0 += block_q) {
-          const int64_t rows = std::min(block_q, pb.nq - i0);
-          const T* qi = q + (h * pb.nq + i0) * pb.d;
-          const T* doi = dout + (h * pb.nq + i0) * pb.dv;
-          const T beta = i0 == 0 ? T(0) : T(1);  // dK, dV rows start at zero
-          gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
-          pb.add_score_terms(s, h, i0, j0, rows, cols);
-          apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
-          pb.mask({f, s}, h, i0, j0, rows, cols);
-          // dV_j += f^T dO_i ;  dP = dO_i V_j^T ;  dS = dP * f'
-          gemm<T>(true, false, cols, pb.dv, rows, T(1), f, cols, doi, pb.dv, beta, dvj, pb.dv);
-          gemm<T>(false, true, rows, cols, pb.dv, T(1), doi, pb.dv, vj, pb.dv, T(0), ds, cols);
-          if (linear) {
-            pb.mask({ds}, h, i0, j0, rows, cols);
-          } else {
-            for (int64_t e = 0; e < rows * cols; ++e) ds[e] *= s[e];
+  at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      T* s = buffers.get(chunk);
+      T *f = s + tile_size, *ds = f + tile_size;
+      T* dbias_out = shared_bias ? ds + tile_size + dq_size : dbias;
+      const int64_t begin = chunk * per_chunk, end = std::min(items, begin + per_chunk);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / groups;
+        // this head's dQ rows: its own in dq, or the chunk's buffer slot for it
+        T* dq_h = split_keys ? ds + tile_size + (h - begin / groups) * head_dq : dq + h * head_dq;
+        const int64_t first = split_keys ? item % groups : 0, last = split_keys ? first + 1 : k_blocks;
+        for (int64_t kb = first; kb < last; ++kb) {
+          const int64_t j0 = kb * block_k, cols = std::min(block_k, pb.nk - j0);
+          const T* kj = k + (h * pb.nk + j0) * pb.d;
+          const T* vj = v + (h * pb.nk + j0) * pb.dv;
+          T* dkj = dk + (h * pb.nk + j0) * pb.d;
+          T* dvj = dv + (h * pb.nk + j0) * pb.dv;
+          for (int64_t i0 = 0; i0 < pb.nq; i0 += block_q) {
+            const int64_t rows = std::min(block_q, pb.nq - i0);
+            const T* qi = q + (h * pb.nq + i0) * pb.d;
+            const T* doi = dout + (h * pb.nq + i0) * pb.dv;
+            const T beta = i0 == 0 ? T(0) : T(1);  // dK, dV rows start at zero
+            gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
+            pb.add_score_terms(s, h, i0, j0, rows, cols);
+            apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
+            pb.mask({f, s}, h, i0, j0, rows, cols);
+            // dV_j += f^T dO_i ;  dP = dO_i V_j^T ;  dS = dP * f'
+            gemm<T>(true, false, cols, pb.dv, rows, T(1), f, cols, doi, pb.dv, beta, dvj, pb.dv);
+            gemm<T>(false, true, rows, cols, pb.dv, T(1), doi, pb.dv, vj, pb.dv, T(0), ds, cols);
+            if (linear) {
+              pb.mask({ds}, h, i0, j0, rows, cols);
+            } else {
+              for (int64_t e = 0; e < rows * cols; ++e) ds[e] *= s[e];
+            }
+            if (dbias) pb.add_bias_grad(dbias_out, ds, h, i0, j0, rows, cols);
+            // dQ_i += dS K_j ;  dK_j += dS^T Q_i
+            gemm<T>(false, false, rows, pb.d, cols, T(1), ds, cols, kj, pb.d, T(1), dq_h + i0 * pb.d, pb.d);
+            gemm<T>(true, false, cols, pb.d, rows, T(1), ds, cols, qi, pb.d, beta, dkj, pb.d);
           }
-          if (dbias) pb.add_bias_grad(dbias_out, ds, h, i0, j0, rows, cols);
-          // dQ_i += dS K_j ;  dK_j += dS^T Q_i
-          gemm<T>(false, false, rows, pb.d, cols, T(1), ds, cols, kj, pb.d, T(1), dq_out + (h * pb.nq + i0) * pb.d,
-                  pb.d);
-          gemm<T>(true, false, cols, pb.d, rows, T(1), ds, cols, qi, pb.d, beta, dkj, pb.d);
         }
       }
     }
   });
-  // Sum the threads' partial dQ and dbias.
-  const auto reduce = [&](T* into, int64_t size, int64_t at) {
-    at::parallel_for(0, size, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t t = 0; t < buffers.threads; ++t) {
-        const T* part = buffers.get(t) + at;
-        for (int64_t e = begin; e < end; ++e) into[e] += part[e];
+  if (split_keys) {  // dQ of head h = the sum over the chunks that touched it
+    at::parallel_for(0, pb.bh, 1, [&](int64_t head_begin, int64_t head_end) {
+      for (int64_t h = head_begin; h < head_end; ++h) {
+        T* into = dq + h * head_dq;
+        for (int64_t c = h * groups / per_chunk; c <= ((h + 1) * groups - 1) / per_chunk; ++c) {
+          const T* part = buffers.get(c) + 3 * tile_size + (h - c * per_chunk / groups) * head_dq;
+          for (int64_t e = 0; e < head_dq; ++e) into[e] += part[e];
+        }
       }
     });
-  };
-  if (split_keys) reduce(dq, dq_size, 3 * tile_size);
-  if (dbias) reduce(dbias, dbias_size, 3 * tile_size + dq_size);
+  }
+  if (shared_bias) {
+    at::parallel_for(0, dbias_size, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const T* part = buffers.get(c) + 3 * tile_size + dq_size;
+        for (int64_t e = begin; e < end; ++e) dbias[e] += part[e];
+      }
+    });
+  }
 }
 
 at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& row_scale,
