@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .blocked import as_4d, flatten_heads
+from .blocked import as_4d, flatten_heads, grad_gain
 from .cpp import load
 from .registry import Activation, compute_dtype
 
@@ -54,7 +54,7 @@ class FusedCPUAttention(torch.autograd.Function):
                 q3, k3, v3, row_scale, row_shift, *strided, shape4[1], form, power, *FORWARD_BLOCK
             )
         ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided)
-        ctx.meta = (shape4, t, form, power, None if bias is None else bias4.shape)
+        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape)
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
         return out.view(*shape4[:3], -1).to(v.dtype)
 
@@ -62,14 +62,15 @@ class FusedCPUAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, row_scale, row_shift, bias, mask = ctx.saved_tensors
-        shape4, t, form, power, bias_shape = ctx.meta
+        shape4, t, act, bias_shape = ctx.meta
+        form, power = act.fused_form
         want_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast("cpu", enabled=False):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
                 q3, k3, v3, dout, row_shift, bias, mask, want_bias, shape4[1], form, power, *BACKWARD_BLOCK
             )
-            gain = float(power) if form == 0 else 1.0  # f'(S) = p S^(p-1); the kernel leaves out the p
+            gain = grad_gain(act)  # f'(S) = p S^(p-1); the kernel leaves out the p
             dq.mul_(t * gain)
             if gain != 1.0:
                 dk.mul_(gain)
