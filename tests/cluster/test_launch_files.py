@@ -82,6 +82,27 @@ def test_docker_copies_only_code_and_configs():
     assert {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")} == copied
 
 
+def test_docker_copies_everything_the_package_install_reads():
+    """``pip install /opt/polyattn_lightning`` reads pyproject's readme, the packages and their package data
+    (the kernels' csrc/*.cpp and *.h): each must lie under a path a COPY brings into /opt/polyattn_lightning."""
+    copied = {}
+    for args in instructions("COPY"):
+        *sources, destination = [token for token in shlex.split(args) if not token.startswith("--")]
+        copied.update({source: destination for source in sources})
+    into_opt = {source for source, destination in copied.items() if destination.startswith("/opt/polyattn_lightning")}
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    needed = {PYPROJECT["readme"], "pyproject.toml"}
+    for package, patterns in setuptools["package-data"].items():
+        folder = ROOT.joinpath(*package.split("."))
+        files = [path for pattern in patterns for path in folder.glob(pattern)]
+        assert files, f"package-data {package}: {patterns} match no file"
+        needed.update(str(path.relative_to(ROOT)) for path in files)
+    for include in setuptools["packages"]["find"]["include"]:
+        needed.update(path.name for path in ROOT.glob(include) if (path / "__init__.py").exists())
+    uncovered = [path for path in needed if not any(path == s or path.startswith(s.rstrip("/") + "/") for s in into_opt)]
+    assert not uncovered, f"the image's pip install needs {uncovered}, which no COPY brings in"
+
+
 def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
     script = (ROOT / "scripts" / "slurm" / "train.sbatch").read_text()
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", script, re.MULTILINE))
