@@ -1,0 +1,312 @@
+"""COCO-format instance segmentation: mmdet's ``CocoDataset`` and transforms behind a LightningDataModule.
+
+The data set, the transforms (built from config dicts with mmdet's registry)
+and the collate function (mmengine's ``pseudo_collate``) are mmdet's own, so a
+batch is exactly what mmdet's detectors and ``CocoMetric`` expect. This module
+adds what mmdet leaves to its Runner or gets wrong for other data sets:
+
+* the classes default to the annotation file's categories, in its order
+  (mmdet's ``CocoDataset`` would keep only the 80 COCO names and silently drop
+  every annotation of another data set), and configured classes must match them;
+* a broken layout or file is reported by path, image id or category before
+  training, or when the image is loaded, rather than as an assertion deep in a
+  transform or collate function;
+* the project's loaders: training resumes mid-epoch, evaluation counts every
+  image once under DDP;
+* with no ``root``, a synthetic set (:mod:`.synthetic_coco`) is generated on first use.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from .resumable import ResumableDataLoader, eval_sampler
+from .synthetic_coco import SyntheticCOCO, ensure_synthetic_coco
+
+LAYOUT = """  <root>/annotations/instances_train2017.json
+  <root>/annotations/instances_val2017.json
+  <root>/train2017/<file_name of each image in the train annotations>
+  <root>/val2017/<file_name of each image in the val annotations>"""
+
+#: The 3x recipe's training sizes: short side 480, 512, ..., 800 (XCiT and mmdet's Swin ms-crop-3x configs).
+COCO_SHORT_SIDES = tuple(range(480, 801, 32))
+
+
+class COCODataError(ValueError):
+    """A COCO annotation file or image folder that does not hold what it should; the message names it."""
+
+
+def _mmdet():
+    """mmdet's data set class, registries and collate function, importable once the mmcv op shim is installed."""
+    from .. import detection  # noqa: F401  (installs the mmcv ops mmdet imports; registers our modules)
+    from mmdet.datasets import CocoDataset
+    from mmdet.registry import TRANSFORMS
+    from mmdet.utils import register_all_modules
+    from mmengine.dataset import pseudo_collate
+
+    register_all_modules(init_default_scope=True)  # nested transforms (RandomChoice) look types up in the scope
+    return CocoDataset, TRANSFORMS, pseudo_collate
+
+
+def read_annotations(ann_file: Path, img_dir: Path) -> list[str]:
+    """Check a COCO annotation file against its image folder; returns its category names in file order.
+
+    Every annotation must name a listed image and a listed category, and every
+    listed image must be a file in ``img_dir``.
+    """
+    if not ann_file.is_file():
+        raise FileNotFoundError(f"annotation file {ann_file} does not exist; expected layout:\n{LAYOUT}")
+    if not img_dir.is_dir():
+        raise FileNotFoundError(f"image directory {img_dir} does not exist; expected layout:\n{LAYOUT}")
+    try:
+        coco = json.loads(ann_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise COCODataError(f"cannot read COCO annotation file {ann_file}: {err}") from err
+    missing_keys = [key for key in ("images", "annotations", "categories") if key not in coco]
+    if missing_keys:
+        raise COCODataError(f"{ann_file} is not a COCO instances file: it has no {missing_keys}")
+    categories = {cat["id"]: cat["name"] for cat in coco["categories"]}
+    images = {image["id"]: image["file_name"] for image in coco["images"]}
+    for ann in coco["annotations"]:
+        if ann["image_id"] not in images:
+            raise COCODataError(f"{ann_file}: annotation {ann['id']} refers to image id {ann['image_id']}, "
+                                "which is not in the file's images")
+        if ann["category_id"] not in categories:
+            raise COCODataError(
+                f"{ann_file}: annotation {ann['id']} of image id {ann['image_id']} has category id "
+                f"{ann['category_id']}, which is not in the file's categories {sorted(categories)}"
+            )
+    on_disk = set(os.listdir(img_dir))
+    absent = [(image_id, name) for image_id, name in images.items() if name not in on_disk]
+    if absent:
+        listed = ", ".join(f"id {i}: {name}" for i, name in absent[:5])
+        raise COCODataError(f"{ann_file} lists {len(absent)} image(s) missing from {img_dir} ({listed}"
+                            + (", ...)" if len(absent) > 5 else ")"))
+    return [cat["name"] for cat in coco["categories"]]
+
+
+def check_classes(configured: list[str] | None, in_file: list[str], ann_file: Path) -> list[str]:
+    """The classes to train on: the file's categories, which configured ``classes`` must equal, order included
+    (the label of a category is its position in the file)."""
+    if configured is None or list(configured) == in_file:
+        return in_file
+    not_in_file = [name for name in configured if name not in in_file]
+    not_configured = [name for name in in_file if name not in configured]
+    if not_in_file or not_configured:
+        difference = f"configured but not in the file: {not_in_file}; in the file but not configured: {not_configured}"
+    else:
+        difference = f"same names in another order; the file's order is {in_file}"
+    raise COCODataError(f"data classes do not match the categories of {ann_file}: {difference}. "
+                        "Leave classes unset to use the file's categories.")
+
+
+class ImageLoadError(RuntimeError):
+    """Loading or transforming one image failed; the message names the annotation file, image id and path."""
+
+
+def _checked_dataset_class(base: type) -> type:
+    """``base`` (mmdet's CocoDataset) whose per-image failures name the image."""
+
+    class CheckedCocoDataset(base):
+        def prepare_data(self, idx: int) -> Any:
+            try:
+                return super().prepare_data(idx)
+            except Exception as err:
+                info = self.get_data_info(idx)
+                raise ImageLoadError(f"{self.ann_file}: image id {info['img_id']} ({info['img_path']}): "
+                                     f"{type(err).__name__}: {err}") from err
+
+    return CheckedCocoDataset
+
+
+class COCODataModule(pl.LightningDataModule):
+    """COCO 2017's layout (or any COCO-format set laid out the same way) through mmdet's ``CocoDataset``.
+
+    Training: random flip, then with probability 1/2 a resize to a random short
+    side from ``train_sizes`` (long side <= ``max_side``), else DETR's
+    resize-crop-resize (short side from ``crop_sizes``, a random crop of
+    ``crop_size``, then a resize as before); images without annotations or
+    shorter than ``min_size`` are left out, as mmdet does. Evaluation: a resize to
+    short side ``test_size``. Batches are mmengine ``pseudo_collate`` dicts
+    (``inputs``: uint8 CHW tensors, ``data_samples``: ``DetDataSample``) that the
+    detector's data preprocessor normalises and pads.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        classes: list[str] | None = None,
+        batch_size: int = 2,
+        num_workers: int = 2,
+        train_sizes: list[int] = list(COCO_SHORT_SIDES),
+        crop_sizes: list[int] | None = [400, 500, 600],
+        crop_size: tuple[int, int] = (384, 600),
+        max_side: int = 1333,
+        test_size: int = 800,
+        min_size: int = 32,
+        synthetic: SyntheticCOCO | None = None,
+        synthetic_root: str = "data/synthetic_coco",
+    ):
+        """
+        Args:
+            root: the data set folder (see :data:`LAYOUT`). It must exist: a missing
+                folder is an error, never a reason to generate data.
+            classes: category names; unset, the annotation file's categories in its order.
+                Given, they must equal those.
+            batch_size: images per device and step (the XCiT 3x recipe: 2, on 8 GPUs).
+            num_workers: loader processes per device.
+            train_sizes: training short sides to choose from (long side capped at ``max_side``).
+            crop_sizes: short sides before the random crop of the resize-crop-resize branch; None turns
+                that branch off (only the multi-scale resize remains).
+            crop_size: the crop's height and width range, ``(min, max)`` pixels (``absolute_range``).
+            max_side: the long side never exceeds this.
+            test_size: the evaluation short side.
+            min_size: training images with a shorter side are left out (mmdet: 32).
+            synthetic: settings of a synthetic shapes set to train on when ``root`` is not given
+                (generated on first use into ``synthetic_root``); None requires ``root``.
+            synthetic_root: where the synthetic set is written, relative to the working directory.
+        """
+        super().__init__()
+        self.root = root
+        self.classes = classes
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.train_sizes = list(train_sizes)
+        self.crop_sizes = list(crop_sizes) if crop_sizes else None
+        self.crop_size = tuple(crop_size)
+        self.max_side = max_side
+        self.test_size = test_size
+        self.min_size = min_size
+        self.synthetic = synthetic
+        self.synthetic_root = synthetic_root
+        self.train_set = self.val_set = None
+        self.class_names: list[str] | None = None
+
+    # ---- where the data is -------------------------------------------------------------------------
+
+    @property
+    def data_root(self) -> Path:
+        if self.root is not None:
+            return Path(self.root)
+        if self.synthetic is None:
+            raise ValueError("COCODataModule needs --data.init_args.root (a folder laid out as:\n"
+                             f"{LAYOUT}\n), or synthetic settings to generate a synthetic set")
+        return Path(self.synthetic_root)
+
+    def split_paths(self, split: str) -> tuple[Path, Path]:
+        """``(annotation file, image folder)`` of ``split`` (``train2017`` or ``val2017``)."""
+        return self.data_root / "annotations" / f"instances_{split}.json", self.data_root / split
+
+    @property
+    def val_ann_file(self) -> Path:
+        """The annotation file that ``CocoMetric`` scores the validation (and test, predict) images against."""
+        return self.split_paths("val2017")[0]
+
+    @property
+    def num_classes(self) -> int:
+        if self.class_names is None:
+            raise RuntimeError("COCODataModule: the classes are read from the annotation file in setup()")
+        return len(self.class_names)
+
+    def prepare_data(self) -> None:
+        """Generate the synthetic set when no root is given (Lightning calls this on one process per node)."""
+        if self.root is None and self.synthetic is not None:
+            ensure_synthetic_coco(self.synthetic_root, self.synthetic)
+
+    # ---- data sets ---------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        root = self.data_root
+        if not root.is_dir():
+            raise FileNotFoundError(f"data root {root} does not exist; expected layout:\n{LAYOUT}")
+        splits = ["train2017", "val2017"] if stage == "fit" else ["val2017"]
+        for split in splits:
+            ann_file, img_dir = self.split_paths(split)
+            classes = check_classes(self.classes, read_annotations(ann_file, img_dir), ann_file)
+            if self.class_names is not None and classes != self.class_names:
+                raise COCODataError(f"the categories of {ann_file} ({classes}) differ from those of the other "
+                                    f"split ({self.class_names})")
+            self.class_names = classes
+        if stage == "fit":
+            self.train_set = self._dataset("train2017", train=True)
+        self.val_set = self._dataset("val2017", train=False)
+
+    def _dataset(self, split: str, train: bool):
+        CocoDataset, transforms, _ = _mmdet()
+        ann_file, img_dir = self.split_paths(split)
+        pipeline = self._train_pipeline() if train else self._test_pipeline()
+        dataset = _checked_dataset_class(CocoDataset)(
+            ann_file=str(ann_file),
+            data_prefix={"img": str(img_dir)},
+            metainfo={"classes": tuple(self.class_names)},
+            filter_cfg={"filter_empty_gt": True, "min_size": self.min_size} if train else None,
+            pipeline=[transforms.build(step) for step in pipeline],
+            test_mode=not train,
+        )
+        if len(dataset) == 0:
+            raise COCODataError(f"{ann_file}: no image left for {'training' if train else 'evaluation'} "
+                                f"(training keeps images with annotations and a side of at least {self.min_size} px)")
+        return dataset
+
+    def _train_pipeline(self) -> list[dict]:
+        resize = {"type": "RandomChoiceResize", "scales": [(s, self.max_side) for s in self.train_sizes],
+                  "keep_ratio": True}
+        branches = [[resize]]
+        if self.crop_sizes:
+            branches.append([
+                {"type": "RandomChoiceResize", "scales": [(s, self.max_side) for s in self.crop_sizes],
+                 "keep_ratio": True},
+                {"type": "RandomCrop", "crop_type": "absolute_range", "crop_size": self.crop_size,
+                 "allow_negative_crop": True},
+                resize,
+            ])
+        return [
+            {"type": "LoadImageFromFile"},
+            {"type": "LoadAnnotations", "with_bbox": True, "with_mask": True},
+            {"type": "RandomFlip", "prob": 0.5},
+            {"type": "RandomChoice", "transforms": branches},
+            {"type": "PackDetInputs"},
+        ]
+
+    def _test_pipeline(self) -> list[dict]:
+        # no annotations: CocoMetric scores against the annotation file
+        return [
+            {"type": "LoadImageFromFile"},
+            {"type": "Resize", "scale": (self.test_size, self.max_side), "keep_ratio": True},
+            {"type": "PackDetInputs", "meta_keys": ("img_id", "img_path", "ori_shape", "img_shape", "scale_factor")},
+        ]
+
+    # ---- loaders -----------------------------------------------------------------------------------
+
+    def _loader(self, dataset, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("COCODataModule: call setup() before asking for a dataloader")
+        _, _, pseudo_collate = _mmdet()
+        # training resumes mid-epoch; evaluation counts every image once under DDP
+        loader_class = ResumableDataLoader if train else DataLoader
+        return loader_class(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            sampler=None if train else eval_sampler(dataset, self.trainer),
+            collate_fn=pseudo_collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
