@@ -1,17 +1,20 @@
-"""AdamW with DeiT's learning-rate rule: scaled by the global batch, per-step warmup, cosine to a floor.
+"""AdamW with per-step warmup, then cosine (DeiT) or linear (LRA's one-cycle) decay to a floor.
 
 The pieces are timm's (``create_optimizer_v2`` for the weight-decay groups,
-``CosineLRScheduler`` for the schedule), stepped by the number of optimizer
-updates so that the schedule is the same for any number of devices.
+``CosineLRScheduler`` / ``PolyLRScheduler`` for the schedule), stepped by the
+number of optimizer updates so that the schedule is the same for any number of devices.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import lightning.pytorch as pl
 from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler
+from timm.scheduler import CosineLRScheduler, PolyLRScheduler
+from timm.scheduler.scheduler import Scheduler
 from torch import nn
 from torch.optim import Optimizer
 
@@ -30,8 +33,11 @@ class OptimRecipe:
         weight_decay: AdamW decay; never applied to norms, biases, position
             embeddings or other parameters the model lists in ``no_weight_decay()``.
         warmup_epochs: linear warmup from ``warmup_lr``, stepped per optimizer update.
-        min_lr: the floor the cosine decays to at the last step.
+        warmup_steps: the warmup in optimizer updates; when set, it replaces ``warmup_epochs``.
+        min_lr: the floor the decay reaches at the last step.
         layer_decay: timm's layer-wise lr decay (e.g. 0.65 when fine-tuning); None is off.
+        schedule: the decay after warmup: ``cosine`` (DeiT) or ``linear`` (with linear warmup,
+            the lr shape of PyTorch's ``OneCycleLR(anneal_strategy="linear")`` that LRA recipes use).
     """
 
     lr: float = 5e-4
@@ -43,6 +49,8 @@ class OptimRecipe:
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
     layer_decay: float | None = None
+    warmup_steps: int | None = None
+    schedule: str = "cosine"
 
     def scaled_lr(self, global_batch: int) -> float:
         """The peak learning rate for ``global_batch`` images per optimizer step."""
@@ -67,17 +75,23 @@ def build_optimizer(model: nn.Module, recipe: OptimRecipe, lr: float) -> Optimiz
     )
 
 
-def build_scheduler(
-    optimizer: Optimizer, recipe: OptimRecipe, total_steps: int, steps_per_epoch: int
-) -> CosineLRScheduler:
-    """Linear warmup for ``warmup_epochs`` then cosine to ``min_lr`` at ``total_steps``, in optimizer steps.
+#: ``OptimRecipe.schedule`` -> the timm scheduler that decays the lr after warmup.
+SCHEDULES = {"cosine": CosineLRScheduler, "linear": partial(PolyLRScheduler, power=1.0)}
+
+
+def build_scheduler(optimizer: Optimizer, recipe: OptimRecipe, total_steps: int, steps_per_epoch: int) -> Scheduler:
+    """Linear warmup (``warmup_steps``, else ``warmup_epochs``) then ``recipe.schedule`` down to ``min_lr`` at
+    ``total_steps``, in optimizer steps.
 
     Call ``step_update(num_updates=global_step)`` after every optimizer step.
     """
     if not math.isfinite(total_steps):
-        raise ValueError("the cosine schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
-    warmup = min(round(recipe.warmup_epochs * steps_per_epoch), total_steps - 1)
-    return CosineLRScheduler(
+        raise ValueError(f"the {recipe.schedule} schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+    if recipe.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {recipe.schedule!r} in the optim recipe; expected one of {sorted(SCHEDULES)}")
+    warmup = recipe.warmup_steps if recipe.warmup_steps is not None else round(recipe.warmup_epochs * steps_per_epoch)
+    warmup = min(warmup, total_steps - 1)
+    return SCHEDULES[recipe.schedule](
         optimizer,
         t_initial=max(1, total_steps - warmup),
         lr_min=recipe.min_lr,
@@ -86,3 +100,22 @@ def build_scheduler(
         warmup_prefix=True,
         t_in_epochs=False,
     )
+
+
+def configure_recipe(module: pl.LightningModule, model: nn.Module, recipe: OptimRecipe) -> dict[str, Any]:
+    """``configure_optimizers``' return value for ``model`` trained with ``recipe`` (pair it with
+    :func:`step_scheduler` as the module's ``lr_scheduler_step``)."""
+    trainer = module.trainer
+    total_steps = trainer.estimated_stepping_batches  # also sets up the train loader read below...
+    if trainer.train_dataloader is None:  # ...unless max_steps alone bounds the run: then load it here
+        trainer.fit_loop.setup_data()
+    lr = recipe.scaled_lr(global_batch_size(trainer, trainer.train_dataloader.batch_size))
+    optimizer = build_optimizer(model, recipe, lr)
+    steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+    scheduler = build_scheduler(optimizer, recipe, total_steps, steps_per_epoch)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def step_scheduler(module: pl.LightningModule, scheduler: Scheduler) -> None:
+    """timm schedulers are set from the update count, which also makes resuming exact."""
+    scheduler.step_update(num_updates=module.global_step)

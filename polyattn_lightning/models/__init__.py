@@ -1,0 +1,4 @@
+"""Models this project defines itself (where timm or mmdet has none to switch)."""
+from .lra_encoder import LRAAttention, LRAClassifier, LRAEncoder
+
+__all__ = ["LRAAttention", "LRAClassifier", "LRAEncoder"]
