@@ -2,15 +2,23 @@
 
 The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
-time a process needs them, some 15 s, then loaded from there. The build is
-named after the CPU's vector extensions, so nodes of different CPU generations
-that share a home directory never load each other's binaries. Where the build
-fails (no compiler), a warning says why and the PyTorch implementations run
-instead; ``POLYATTN_FUSED_CPU=0`` turns the C++ kernels off.
+time a process needs them, some 15 s, then loaded from there.
+
+The build is keyed by content: its name holds the CPU's vector extensions (so
+nodes of different CPU generations sharing a home directory never load each
+other's binaries) and a hash of every file in ``csrc/`` (sources and headers),
+the compiler flags and the torch version. The files are copied into the build
+directory and compiled from there, so two checkouts or virtual environments
+with the same sources share one build (built once per machine), a changed
+file gets a new build, and an install missing a file can never be satisfied
+from the cache. Where the build fails (no compiler), a warning says why and the
+PyTorch implementations run instead; ``POLYATTN_FUSED_CPU=0`` turns the C++
+kernels off.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -19,7 +27,10 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("fused_cpu.cpp", "associative_cpu.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+#: The translation units; every ``*.cpp`` / ``*.h`` in ``csrc/`` also goes into the build key.
+SOURCE_NAMES = ("fused_cpu.cpp", "associative_cpu.cpp")
+SOURCES = [CSRC / name for name in SOURCE_NAMES]
 #: Compiler flags per ``torch.backends.cpu.get_cpu_capability()``: the instruction set, and the
 #: macros that select the matching ``at::vec::Vectorized`` (SIMD exp and log1p for softplus/sigmoid).
 _VECTOR_FLAGS = {
@@ -30,26 +41,75 @@ _VECTOR_FLAGS = {
 _PORTABLE_FLAGS = ["-DCPU_CAPABILITY=DEFAULT"]
 
 
+def cflags(capability: str) -> list[str]:
+    return ["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, _PORTABLE_FLAGS)]
+
+
+def kernel_files(csrc: Path) -> list[Path]:
+    """Every file a build reads: the sources and the headers they include."""
+    return sorted(path for path in csrc.iterdir() if path.suffix in (".cpp", ".h"))
+
+
+def build_name(csrc: Path, capability: str) -> str:
+    """``polyattn_cpu_<isa>_<hash>``: the hash covers every kernel file's name and bytes, the flags and torch."""
+    digest = hashlib.sha256()
+    for path in kernel_files(csrc):
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    digest.update("\0".join([*cflags(capability), torch.__version__]).encode())
+    isa = re.sub(r"\W", "_", capability.lower())
+    return f"polyattn_cpu_{isa}_{digest.hexdigest()[:16]}"
+
+
+_loaded: dict[str, str] = {}  # the build this process loaded
+
+
+def build(csrc: Path = CSRC) -> Path:
+    """Compile (unless a build of the same content exists) and load the kernels in ``csrc``; the build directory.
+
+    Raises whatever the compiler or loader raises.
+    """
+    from torch.utils import cpp_extension
+
+    missing = [name for name in SOURCE_NAMES if not (csrc / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"kernel sources {missing} are missing from {csrc}")
+    _put_ninja_on_path()
+    capability = torch.backends.cpu.get_cpu_capability()
+    name = build_name(csrc, capability)
+    if _loaded.get("name", name) != name:  # a second TORCH_LIBRARY polyattn_cpu would abort the process
+        raise RuntimeError(f"kernel build {_loaded['name']} is loaded in this process; {name} (other sources) cannot be")
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    source_dir = directory / "src"
+    source_dir.mkdir(parents=True, exist_ok=True)
+    for path in kernel_files(csrc):  # compile from the build's own copy: the same paths for every checkout
+        target = source_dir / path.name
+        if not target.exists() or target.read_bytes() != path.read_bytes():
+            partial = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
+            shutil.copyfile(path, partial)
+            os.replace(partial, target)
+    cpp_extension.load(
+        name=name,
+        sources=[str(source_dir / source) for source in SOURCE_NAMES],
+        extra_cflags=cflags(capability),
+        build_directory=str(directory),
+        is_python_module=False,
+    )
+    _loaded["name"] = name
+    return directory
+
+
 @functools.cache
 def load() -> bool:
-    """Compile (once per machine and source version) and load the kernels; False where that is impossible."""
+    """Build (once per machine and source version) and load the kernels; False where that is impossible."""
     if os.environ.get("POLYATTN_FUSED_CPU", "1") == "0":
         return False
-    capability = torch.backends.cpu.get_cpu_capability()
     try:
-        _put_ninja_on_path()
-        from torch.utils import cpp_extension
-
-        cpp_extension.load(
-            name="polyattn_cpu_" + re.sub(r"\W", "_", capability.lower()),
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", *_VECTOR_FLAGS.get(capability, _PORTABLE_FLAGS)],
-            is_python_module=False,
-        )
+        build()
     except Exception as error:  # no compiler, no BLAS symbols, ...: the PyTorch kernels still work
         warnings.warn(
-            f"the C++ attention kernels ({', '.join(path.name for path in SOURCES)}) could not be built or "
-            f"loaded ({type(error).__name__}: {error}); non-softmax attention on CPU falls back to the slower "
+            f"the C++ attention kernels ({', '.join(SOURCE_NAMES)}) could not be built or loaded "
+            f"({type(error).__name__}: {error}); non-softmax attention on CPU falls back to the slower "
             "PyTorch kernels. Set POLYATTN_FUSED_CPU=0 to silence this.",
             stacklevel=3,
         )
