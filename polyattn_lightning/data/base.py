@@ -8,7 +8,7 @@ change to how loaders are made (samplers, resumable loaders) is made once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import lightning.pytorch as pl
 from PIL import Image
@@ -60,7 +60,7 @@ def require_dir(path: Path, layout: str) -> Path:
 
 
 class ImageDataModule(pl.LightningDataModule):
-    """Base for image-classification DataModules.
+    """Base for classification DataModules: images here, token sequences in ``data/lra``.
 
     Subclasses set ``self.train_set``, ``self.val_set`` (and optionally
     ``self.test_set``; the validation split is used otherwise) in ``setup`` and
@@ -68,6 +68,8 @@ class ImageDataModule(pl.LightningDataModule):
     """
 
     num_classes: int
+    #: makes a batch from samples; None is PyTorch's default (the LRA DataModules pad sequences here)
+    collate_fn: Callable[[list], Any] | None = None
 
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """
@@ -95,6 +97,7 @@ class ImageDataModule(pl.LightningDataModule):
             shuffle=train,
             sampler=None if train else eval_sampler(dataset, self.trainer),
             drop_last=train,  # Mixup needs even, full batches
+            collate_fn=self.collate_fn,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
