@@ -13,17 +13,26 @@ measures the two norms per head:
 
 Both are computed over blocks of query rows (never the whole ``N x N``), with
 masked pairs contributing nothing, and averaged over the batch.
+
+:func:`probe_attention` runs a model once with the ``capture`` hook of its
+switched attention modules set (see :mod:`~polyattn_lightning.attention.timm_patch`)
+and returns what each chosen layer attended; :func:`captured_norms` reduces one
+layer's capture to the three per-head norms the callbacks log.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .functional import resolve_scores
+from .functional import attention, resolve_scores
 from .masks import keys_per_row
 from .registry import ActivationSpec
+
+if TYPE_CHECKING:
+    from .timm_patch import AttentionInputs, SwitchedAttention
 
 #: Elements of one ``(B, H, rows, Nk)`` score block.
 BLOCK_ELEMENTS = 1 << 22
@@ -90,3 +99,91 @@ def _softmax(s: Tensor, keep: Tensor | None) -> Tensor:
     if keep is None:
         return s.softmax(-1)
     return s.masked_fill(~keep, float("-inf")).softmax(-1).nan_to_num(0.0)
+
+
+#: A layer to watch: its 1-based position among the model's attention modules, or its module name.
+LayerRef = int | str
+
+
+class Layer(NamedTuple):
+    """One attention layer of a model: 1-based ``index`` in forward order, module ``name``, the module."""
+
+    index: int
+    name: str
+    module: "SwitchedAttention"
+
+
+def select_layers(model: nn.Module, layers: Sequence[LayerRef] | None = None) -> list[Layer]:
+    """The attention layers ``layers`` names (1-based numbers or module names; None: all), in model order.
+
+    A layer is a module with the ``capture`` hook (:class:`SwitchedAttention`), numbered
+    in ``named_modules`` order, which is forward order for timm models and the LRA encoder.
+    """
+    from .timm_patch import attention_modules  # timm only when diagnostics run
+
+    found = [Layer(i, name, module) for i, (name, module) in enumerate(attention_modules(model), 1)]
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no attention module with the capture hook (a SwitchedAttention); "
+            "switch a timm model with set_attention or build it from SwitchedAttention modules"
+        )
+    if layers is None:
+        return found
+    by_name = {layer.name: layer for layer in found}
+    chosen = []
+    for ref in layers:
+        if isinstance(ref, int) and 1 <= ref <= len(found):
+            chosen.append(found[ref - 1])
+        elif isinstance(ref, str) and ref in by_name:
+            chosen.append(by_name[ref])
+        else:
+            raise ValueError(
+                f"no attention layer {ref!r}: expected a number 1..{len(found)} or one of the module names "
+                f"{', '.join(by_name)}"
+            )
+    return sorted(set(chosen), key=lambda layer: layer.index)
+
+
+def probe_attention(
+    model: nn.Module, layers: Sequence[Layer], run: Callable[[], object]
+) -> dict[int, list["AttentionInputs"]]:
+    """Call ``run()`` (a forward of ``model``) with ``capture`` set on ``layers``; returns each layer's
+    captured inputs by layer index, detached, one entry per call of that layer (two-tower models call twice).
+
+    The hooks that were set before are put back, also when ``run`` raises.
+    """
+    records: dict[int, list] = {layer.index: [] for layer in layers}
+    saved = [layer.module.capture for layer in layers]
+
+    def keep(index: int) -> Callable:
+        def hook(module: nn.Module, inputs: "AttentionInputs") -> None:
+            records[index].append(type(inputs)(*(x.detach() if isinstance(x, Tensor) else x for x in inputs)))
+
+        return hook
+
+    try:
+        for layer in layers:
+            layer.module.capture = keep(layer.index)
+        run()
+    finally:
+        for layer, hook in zip(layers, saved):
+            layer.module.capture = hook
+    return records
+
+
+class CapturedNorms(NamedTuple):
+    """Per-head norms of one captured attention call, each ``(H,)``, averaged over the batch."""
+
+    phi: Tensor
+    jacobian: Tensor
+    output: Tensor
+
+
+@torch.no_grad()
+def captured_norms(inputs: "AttentionInputs", activation: ActivationSpec) -> CapturedNorms:
+    """``||phi(S)||_F``, ``||d phi(S)/dS||_F`` and ``||phi(S) v||_F`` per head for what a layer attended."""
+    masks = dict(attn_mask=inputs.attn_mask, attn_bias=inputs.attn_bias)
+    norms = attention_norms(inputs.q, inputs.k, activation, temperature=inputs.temperature, **masks)
+    out = attention(inputs.q, inputs.k, inputs.v, activation, temperature=inputs.temperature, **masks)
+    output = out.float().square().sum((-2, -1)).sqrt().mean(0)
+    return CapturedNorms(norms.phi, norms.jacobian, output)

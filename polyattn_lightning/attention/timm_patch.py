@@ -35,6 +35,27 @@ None by default. When set, ``capture(module, inputs)`` is called on every forwar
 the :class:`AttentionInputs` about to be attended; :func:`attention_map` turns
 them into the ``phi(S)`` map. The tensors are live (not detached): detach or
 reduce them in the hook.
+
+The ``capture`` contract, which every diagnostic (the norm and map callbacks,
+``polyattn maps``, the spline check) relies on, so that a new model needs
+nothing of its own:
+
+* an attention layer is an instance of :class:`SwitchedAttention` (timm modules
+  through ``set_attention``; a model of ours subclasses it, sets
+  ``activation_spec``, ``capture = None`` and ``attn_drop``, and attends through
+  ``_attend`` or calls ``capture`` itself just before ``attention()``);
+  :func:`attention_modules` lists them in ``named_modules`` order, which must be
+  forward order: layer ``i`` of the diagnostics is the ``i``-th (1-based);
+* ``capture(module, AttentionInputs(q, k, v, temperature, attn_mask, attn_bias))``
+  gets exactly what ``attention()`` is given (shapes and mask conventions of
+  ``attention()``: bool masks are True = attend; the key axis is -2 of k), so
+  ``attention_map(inputs, module.activation) @ v`` is the layer's output;
+* it may be called several times in one forward (a two-tower model runs a layer
+  twice); it must not change the tensors;
+* the token layout is read from shapes: keys ``(B, H, Nk, d)`` with ``Nk`` a few
+  prefix tokens plus a patch grid of the image's aspect ratio (ViT/DeiT, class
+  attention, detection backbones), ``B * windows`` rows for Swin windows, token
+  sequences for text; XCiT's :class:`XCiTAttention` attends over channels.
 """
 from __future__ import annotations
 
