@@ -1,7 +1,7 @@
-"""AdamW with per-step warmup, then cosine (DeiT) or linear (LRA's one-cycle) decay to a floor.
+"""AdamW with per-step warmup, then cosine (DeiT), linear (LRA's one-cycle) or step (mmdet's 3x) decay.
 
 The pieces are timm's (``create_optimizer_v2`` for the weight-decay groups,
-``CosineLRScheduler`` / ``PolyLRScheduler`` for the schedule), stepped by the
+``CosineLRScheduler`` / ``PolyLRScheduler`` / ``MultiStepLRScheduler`` for the schedule), stepped by the
 number of optimizer updates so that the schedule is the same for any number of devices.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler, PolyLRScheduler
+from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler
 from timm.scheduler.scheduler import Scheduler
 from torch import nn
 from torch.optim import Optimizer
@@ -36,8 +36,13 @@ class OptimRecipe:
         warmup_steps: the warmup in optimizer updates; when set, it replaces ``warmup_epochs``.
         min_lr: the floor the decay reaches at the last step.
         layer_decay: timm's layer-wise lr decay (e.g. 0.65 when fine-tuning); None is off.
-        schedule: the decay after warmup: ``cosine`` (DeiT) or ``linear`` (with linear warmup,
-            the lr shape of PyTorch's ``OneCycleLR(anneal_strategy="linear")`` that LRA recipes use).
+        schedule: the decay after warmup: ``cosine`` (DeiT), ``linear`` (with linear warmup,
+            the lr shape of PyTorch's ``OneCycleLR(anneal_strategy="linear")`` that LRA recipes use), or
+            ``step`` (mmdet's ``MultiStepLR``: x ``decay_rate`` at the start of each of ``decay_epochs``).
+        decay_epochs, decay_rate: the ``step`` schedule's milestones (0-based epochs) and factor.
+        no_decay_keys: when set, the weight-decay groups of mmdet/mmcv's ``paramwise_cfg.custom_keys``
+            with ``decay_mult=0``: exactly the parameters whose name contains one of these strings get
+            no decay (biases and other 1-D parameters are decayed). Unset, timm's rule above applies.
     """
 
     lr: float = 5e-4
@@ -51,6 +56,9 @@ class OptimRecipe:
     layer_decay: float | None = None
     warmup_steps: int | None = None
     schedule: str = "cosine"
+    decay_epochs: list[int] | None = None
+    decay_rate: float = 0.1
+    no_decay_keys: list[str] | None = None
 
     def scaled_lr(self, global_batch: int) -> float:
         """The peak learning rate for ``global_batch`` images per optimizer step."""
@@ -63,9 +71,18 @@ def global_batch_size(trainer: pl.Trainer, batch_size: int) -> int:
 
 
 def build_optimizer(model: nn.Module, recipe: OptimRecipe, lr: float) -> Optimizer:
-    """AdamW whose weight decay skips 1-D parameters and ``model.no_weight_decay()``."""
+    """AdamW whose weight decay skips 1-D parameters and ``model.no_weight_decay()``, or, with
+    ``recipe.no_decay_keys``, exactly the parameters whose names contain one of those keys."""
+    params: nn.Module | list[dict[str, Any]] = model
+    if recipe.no_decay_keys is not None:
+        if recipe.layer_decay is not None:
+            raise ValueError("the optim recipe sets both no_decay_keys and layer_decay; only one is supported")
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        no_decay = [p for name, p in named if any(key in name for key in recipe.no_decay_keys)]
+        decay = [p for name, p in named if not any(key in name for key in recipe.no_decay_keys)]
+        params = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return create_optimizer_v2(
-        model,
+        params,
         opt="adamw",
         lr=lr,
         weight_decay=recipe.weight_decay,
@@ -87,10 +104,25 @@ def build_scheduler(optimizer: Optimizer, recipe: OptimRecipe, total_steps: int,
     """
     if not math.isfinite(total_steps):
         raise ValueError(f"the {recipe.schedule} schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
-    if recipe.schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {recipe.schedule!r} in the optim recipe; expected one of {sorted(SCHEDULES)}")
+    if recipe.schedule not in (*SCHEDULES, "step"):
+        raise ValueError(
+            f"unknown schedule {recipe.schedule!r} in the optim recipe; expected one of {sorted([*SCHEDULES, 'step'])}"
+        )
     warmup = recipe.warmup_steps if recipe.warmup_steps is not None else round(recipe.warmup_epochs * steps_per_epoch)
     warmup = min(warmup, total_steps - 1)
+    if recipe.schedule == "step":
+        if not recipe.decay_epochs:
+            raise ValueError("the step schedule needs decay_epochs in the optim recipe, e.g. [27, 33]")
+        # timm decays once t + 1 reaches a milestone: +1 makes the lr drop exactly at the epoch's first update
+        return MultiStepLRScheduler(
+            optimizer,
+            decay_t=[epoch * steps_per_epoch + 1 for epoch in recipe.decay_epochs],
+            decay_rate=recipe.decay_rate,
+            warmup_t=warmup,
+            warmup_lr_init=recipe.warmup_lr,
+            warmup_prefix=False,  # milestones count from the first update, warmup included, as in mmdet
+            t_in_epochs=False,
+        )
     return SCHEDULES[recipe.schedule](
         optimizer,
         t_initial=max(1, total_steps - warmup),
