@@ -16,6 +16,10 @@ class PredictionWriter(BasePredictionWriter):
     ``predict_step`` outputs (class probabilities for classification) and the
     index of each row in the predict data set, so the ranks' files merge back
     into data-set order.
+
+    A task whose predictions are not tensors (detections) writes its own format:
+    if the LightningModule has ``save_predictions(predictions, out_dir)``, it is
+    called on every rank with that rank's ``predict_step`` outputs, flattened.
     """
 
     def __init__(self, dirname: str = "predictions"):
@@ -24,9 +28,12 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
         # Lightning nests both per predict loader (batch_indices even for a single one): flatten
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
+        if hasattr(pl_module, "save_predictions"):
+            pl_module.save_predictions(list(_flatten(predictions)), out_dir)
+            return
         outputs = torch.cat([p.cpu() for p in _flatten(predictions)])
         indices = torch.tensor(list(_flatten(batch_indices)), dtype=torch.long)
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
         atomic_save(
             {"predictions": outputs, "indices": indices},
             out_dir / f"rank{trainer.global_rank}.pt",
