@@ -5,8 +5,8 @@ Dispatch, in order:
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
-3. A built-in elementwise activation with no dropout -> a fused kernel:
-   Triton on CUDA (which takes no score bias either), C++ on CPU.
+3. A built-in elementwise activation -> a fused kernel: Triton on CUDA
+   (which takes no score bias or dropout), C++ on CPU (with in-kernel dropout).
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -111,11 +111,10 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
     from .fused_cpu import fused_cpu_supports
     from .triton_kernel import triton_supports
 
-    if dropout_p == 0.0:  # no fused kernel has dropout
-        if attn_bias is None and triton_supports(q, act):
-            return "triton"
-        if fused_cpu_supports(q, act):
-            return "fused_cpu"
+    if dropout_p == 0.0 and attn_bias is None and triton_supports(q, act):  # Triton: no dropout yet
+        return "triton"
+    if fused_cpu_supports(q, act):  # with in-kernel dropout
+        return "fused_cpu"
     return "blocked"
 
 

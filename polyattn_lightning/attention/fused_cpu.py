@@ -2,10 +2,32 @@
 
 On CPU this is what makes a non-softmax model train as fast as softmax on
 SDPA: one C++ loop per thread over cache-resident score tiles, BLAS for the
-products, ``f``/``f'``/mask applied while the tile is hot. It knows the
+products, ``f``/``f'``/mask/dropout applied while the tile is hot. It knows the
 built-in forms (``poly{p}``, ``relu``, ``softplus``, ``sigmoid``), any
-boolean mask and a score bias (Swin's relative-position bias, with its
-gradient); dropout goes to the blocked PyTorch kernel.
+boolean mask, a score bias (Swin's relative-position bias, with its gradient)
+and attention dropout.
+
+Key padding: a mask that only depends on the key (``(B, 1, 1, Nk)``, what a
+``key_padding_mask`` becomes) is turned into per-sequence key lengths here, once
+per call; the kernel's key loops stop at each sequence's last attendable key,
+and when the attendable keys are a prefix (padding at the end, the usual case)
+the mask is dropped altogether. Padded *queries* are still computed: the mask
+applies to keys, and their outputs are defined (they attend to the real keys).
+
+Dropout RNG scheme (the Triton kernel mirrors it): one 64-bit ``seed`` per call,
+drawn from torch's default CPU generator (``draw_seed``), so a seeded run
+repeats and a restored RNG state (ExactResume) continues it exactly. Entry
+(query ``i``, key ``j``) of flattened head ``bh = b * H + h`` is kept iff::
+
+    philox4x32_10(key=(seed & 0xffffffff, seed >> 32),
+                  counter=(j // 4, i, bh, offset))[j % 4] >= threshold,
+    threshold = min(floor(p * 2**32), 2**32 - 1)      # unsigned 32-bit
+
+which is ``triton.language.philox(seed, j // 4, i, bh, offset)`` (10 rounds),
+output ``j % 4``. ``offset`` is 0 here. Kept entries are scaled by ``1 / (1 - p)``
+(folded into ``c(n)``). The decision is a pure function of its coordinates, so
+no ``N x N`` mask exists: the backward regenerates it tile by tile, whatever its
+tile shapes. ``dropout_keep_mask`` materialises it for small shapes (tests).
 
 Where the C++ kernels cannot be built (no compiler), a warning says why and
 the blocked kernel runs instead.
@@ -31,44 +53,78 @@ def fused_cpu_supports(q: Tensor, act: Activation) -> bool:
     return q.device.type == "cpu" and act.fused_form is not None and load()
 
 
+def draw_seed() -> int:
+    """The dropout seed of one call, from torch's default CPU generator (advancing it once)."""
+    return int(torch.randint(2**63 - 1, (), dtype=torch.int64).item())
+
+
+def dropout_keep_mask(batch_heads: int, nq: int, nk: int, dropout_p: float, seed: int, offset: int = 0) -> Tensor:
+    """The kernel's keep mask, bool ``(B*H, Nq, Nk)``, materialised: for tests and small shapes only."""
+    if not load():
+        raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
+    return torch.ops.polyattn_cpu.dropout_keep_mask(batch_heads, nq, nk, dropout_p, seed, offset)
+
+
+def key_lengths(allowed: Tensor | None, batch: int, nk: int) -> tuple[Tensor | None, Tensor | None]:
+    """``(lengths, allowed)``: per-sequence key extents for a key-only mask, and the mask still needed.
+
+    ``lengths[b]`` is one past the last attendable key of sequence ``b`` (0 if none): keys
+    beyond it contribute nothing, so the kernel never visits them. The mask is returned as
+    None when each sequence's attendable keys are exactly its first ``lengths[b]``.
+    A mask that varies over heads or queries is returned unchanged with no lengths.
+    """
+    if allowed is None or allowed.shape[1] != 1 or allowed.shape[2] != 1:
+        return None, allowed
+    keep = allowed.expand(allowed.shape[0], 1, 1, nk).reshape(-1, nk)
+    lengths = (keep * torch.arange(1, nk + 1, device=keep.device)).amax(dim=-1)
+    prefix = bool((keep.sum(dim=-1) == lengths).all())
+    return lengths.expand(batch).contiguous(), None if prefix else allowed
+
+
 class FusedCPUAttention(torch.autograd.Function):
-    """``out = c(n) * mask(f(S + b(n) + bias)) @ v``; forward and backward in C++.
+    """``out = c(n) * dropout(mask(f(S + b(n) + bias))) @ v``; forward and backward in C++.
 
     Operands go in as contiguous ``(B*H, N, d)`` in the compute dtype with ``t``
-    folded into ``q``; ``c(n)`` scales ``out`` (forward) and ``dO`` (backward);
+    folded into ``q``; ``c(n) / (1 - p)`` scales ``out`` (forward) and ``dO`` (backward);
     the constant factor of ``f'`` (``p`` for ``S^p``) scales dQ, dK and dbias.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n):
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         form, power = act.fused_form
+        seed = draw_seed() if dropout_p else 0
         with torch.autocast("cpu", enabled=False):
             row_scale, row_shift = act.per_row(n, shape4, dtype)
+            if dropout_p:
+                row_scale = row_scale / (1.0 - dropout_p)
             row_shift = row_shift if act.shift else None
+            lengths, allowed = key_lengths(allowed, shape4[0], shape4[3])
             q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
             bias4 = None if bias is None else as_4d(bias.detach().to(dtype)).contiguous()
             strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
+            rng = (dropout_p, seed, 0)  # (p, seed, offset)
             out = torch.ops.polyattn_cpu.forward(
-                q3, k3, v3, row_scale, row_shift, *strided, shape4[1], form, power, *FORWARD_BLOCK
+                q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK
             )
-        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided)
-        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape)
+        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided, lengths)
+        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape, rng)
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
         return out.view(*shape4[:3], -1).to(v.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q3, k3, v3, row_scale, row_shift, bias, mask = ctx.saved_tensors
-        shape4, t, act, bias_shape = ctx.meta
+        q3, k3, v3, row_scale, row_shift, bias, mask, lengths = ctx.saved_tensors
+        shape4, t, act, bias_shape, rng = ctx.meta
         form, power = act.fused_form
         want_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast("cpu", enabled=False):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
-                q3, k3, v3, dout, row_shift, bias, mask, want_bias, shape4[1], form, power, *BACKWARD_BLOCK
+                q3, k3, v3, dout, row_shift, bias, mask, lengths, want_bias, shape4[1], form, power, *rng,
+                *BACKWARD_BLOCK,
             )
             gain = grad_gain(act)  # f'(S) = p S^(p-1); the kernel leaves out the p
             dq.mul_(t * gain)
@@ -82,18 +138,16 @@ class FusedCPUAttention(torch.autograd.Function):
             dk.view(*heads, *dk.shape[1:]).to(k_dtype),
             dv.view(*heads, *dv.shape[1:]).to(v_dtype),
             dbias.view(bias_shape).to(bias_dtype) if want_bias else None,
-            None, None, None, None,
+            None, None, None, None, None,
         )
 
 
 def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
-    """``kernels.run`` signature; no dropout (the blocked kernel has it)."""
-    if dropout_p:
-        raise ValueError("the fused_cpu kernel has no dropout; use kernel='blocked'")
+    """``kernels.run`` signature."""
     if act.fused_form is None:
         raise ValueError(f"the fused_cpu kernel does not know activation {act.name!r}; use kernel='blocked'")
     if q.device.type != "cpu":
         raise ValueError(f"the fused_cpu kernel runs on CPU tensors, got {q.device}")
     if not load():
         raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
-    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, n)
+    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p))

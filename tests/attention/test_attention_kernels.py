@@ -210,16 +210,16 @@ def test_auto_picks_fused_cpu_only_where_it_applies():
     poly3 = get_activation("poly3")
     assert _pick_kernel(q, poly3, torch.ones(1, 1, 9, 11, dtype=torch.bool), None, 0.0, None) == "fused_cpu"
     assert _pick_kernel(q, poly3, None, torch.zeros(1), 0.0, None) == "fused_cpu"  # score bias
-    assert _pick_kernel(q, poly3, None, None, 0.1, None) == "blocked"  # dropout
+    assert _pick_kernel(q, poly3, None, None, 0.1, None) == "fused_cpu"  # in-kernel dropout
     custom = Activation("sign", torch.sign, torch.zeros_like, scale="inv_n")
     assert _pick_kernel(q, custom, None, None, 0.0, None) == "blocked"  # a form the fused kernels do not know
 
 
 def test_fused_cpu_rejects_what_it_cannot_do():
     q, k, v = make_qkv()
-    with pytest.raises(ValueError, match="dropout"):
-        attention(q, k, v, "poly3", dropout_p=0.1, kernel="fused_cpu")
-
+    custom = Activation("sign", torch.sign, torch.zeros_like, scale="inv_n")
+    with pytest.raises(ValueError, match="does not know activation 'sign'"):
+        attention(q, k, v, custom, kernel="fused_cpu")
 
 
 def test_auto_poly1_with_key_padding_and_attn_mask_matches_reference():

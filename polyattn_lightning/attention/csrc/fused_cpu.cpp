@@ -13,6 +13,15 @@
 // row_scale / row_shift (BH, Nq); bias and the bool mask `allowed` are
 // broadcastable to (B, H, Nq, Nk) and read through their strides (0 where
 // they broadcast). The constant factor of f' (p for S^p) is left to the caller.
+//
+// Key lengths: `key_lengths` (B,) int64, optional, says that keys at or beyond
+// key_lengths[b] contribute nothing to batch entry b (the caller found a key
+// padding mask, see fused_cpu.py); their tiles are never computed: the key loops
+// stop there, dK and dV rows beyond it stay zero. Queries are all computed.
+//
+// Dropout: see `Dropout` below; keep decisions are a pure function of
+// (seed, offset, flattened head, query, key), so the backward regenerates the
+// forward's mask tile by tile and nothing of size N x N is ever stored.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -22,6 +31,7 @@
 #include <cmath>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common.h"
 
@@ -207,6 +217,84 @@ struct Strided4 {
   }
 };
 
+
+// Philox4x32-10 (Salmon et al., SC'11; Random123), the same function as
+// triton.language.philox(seed, c0, c1, c2, c3): key (k0, k1) = the low and high
+// 32 bits of the 64-bit seed.
+constexpr uint32_t PHILOX_M0 = 0xD2511F53u, PHILOX_M1 = 0xCD9E8D57u;
+constexpr uint32_t PHILOX_W0 = 0x9E3779B9u, PHILOX_W1 = 0xBB67AE85u;
+constexpr int PHILOX_ROUNDS = 10;
+constexpr int64_t PHILOX_LANES = 64;  // counters run side by side (SIMD across them)
+
+// Attention dropout without a stored mask. Entry (query i, key j) of flattened head
+// bh = b * H + h is kept iff
+//     philox(seed, c0 = j / 4, c1 = i, c2 = bh, c3 = offset)[j % 4] >= threshold,
+//     threshold = min(floor(p * 2^32), 2^32 - 1)   (all 32-bit unsigned),
+// so P(keep) = 1 - threshold / 2^32 = 1 - p to within 2^-32; the caller scales
+// kept values by 1 / (1 - p). One Philox call decides four neighbouring keys.
+struct Dropout {
+  bool on = false;
+  uint32_t k0 = 0, k1 = 0, c3 = 0, threshold = 0;
+
+  Dropout(double p, int64_t seed, int64_t offset) {
+    TORCH_CHECK(p >= 0.0 && p < 1.0, "fused_cpu: dropout_p must be in [0, 1), got ", p);
+    on = p > 0.0;
+    const uint64_t s = static_cast<uint64_t>(seed);
+    k0 = static_cast<uint32_t>(s);
+    k1 = static_cast<uint32_t>(s >> 32);
+    c3 = static_cast<uint32_t>(offset);
+    threshold = static_cast<uint32_t>(std::min(std::floor(p * 4294967296.0), 4294967295.0));
+  }
+  explicit operator bool() const { return on; }
+
+  // Philox words for keys j0 .. j0 + cols - 1 of row i: bits[j - j0] (bits holds cols + 4).
+  void row_bits(uint32_t* bits, int64_t bh, int64_t i, int64_t j0, int64_t cols) const {
+    const int64_t g_first = j0 / 4, g_end = (j0 + cols + 3) / 4, skip = j0 % 4;
+    for (int64_t g0 = g_first; g0 < g_end; g0 += PHILOX_LANES) {
+      const int64_t lanes = std::min(PHILOX_LANES, g_end - g0);
+      uint32_t x0[PHILOX_LANES], x1[PHILOX_LANES], x2[PHILOX_LANES], x3[PHILOX_LANES];
+      for (int64_t t = 0; t < lanes; ++t) {  // vectorised across t
+        uint32_t c0 = static_cast<uint32_t>(g0 + t), c1 = static_cast<uint32_t>(i);
+        uint32_t c2 = static_cast<uint32_t>(bh), c3_ = c3, a = k0, b = k1;
+        for (int r = 0; r < PHILOX_ROUNDS; ++r) {
+          const uint64_t p0 = static_cast<uint64_t>(PHILOX_M0) * c0, p1 = static_cast<uint64_t>(PHILOX_M1) * c2;
+          c0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ a;
+          c1 = static_cast<uint32_t>(p1);
+          c2 = static_cast<uint32_t>(p0 >> 32) ^ c3_ ^ b;
+          c3_ = static_cast<uint32_t>(p0);
+          a += PHILOX_W0;
+          b += PHILOX_W1;
+        }
+        x0[t] = c0;
+        x1[t] = c1;
+        x2[t] = c2;
+        x3[t] = c3_;
+      }
+      for (int64_t t = 0; t < lanes; ++t) {
+        const int64_t j = (g0 - g_first + t) * 4 - skip;  // bits index of word 0 of this group
+        const uint32_t words[4] = {x0[t], x1[t], x2[t], x3[t]};
+        for (int w = 0; w < 4; ++w) {
+          if (j + w >= 0 && j + w < cols) bits[j + w] = words[w];
+        }
+      }
+    }
+  }
+
+  // Zero the dropped entries of a (rows x cols) tile at (i0, j0) of head bh in each of `tiles`.
+  template <typename T>
+  void apply(std::initializer_list<T*> tiles, uint32_t* bits, int64_t bh, int64_t i0, int64_t j0, int64_t rows,
+             int64_t cols) const {
+    if (!on) return;
+    for (int64_t i = 0; i < rows; ++i) {
+      row_bits(bits, bh, i0 + i, j0, cols);
+      for (T* tile : tiles) {
+        T* z = tile + i * cols;
+        for (int64_t j = 0; j < cols; ++j) z[j] = bits[j] >= threshold ? z[j] : T(0);
+      }
+    }
+  }
+};
+
 // Everything a tile needs besides the operands.
 template <typename T>
 struct Problem {
@@ -216,6 +304,11 @@ struct Problem {
   const T* row_shift;  // (BH, Nq) or nullptr
   Strided4<T> bias;
   Strided4<bool> allowed;
+  const int64_t* key_lengths;  // (B,) or nullptr: keys of batch entry b end there
+  Dropout dropout;
+
+  // Keys that can contribute to flattened head h: the first keys(h).
+  int64_t keys(int64_t h) const { return key_lengths ? key_lengths[h / heads] : nk; }
 
   // S + b(n) + bias on a (rows x cols) tile at (i0, j0) of head `h`.
   void add_score_terms(T* tile, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
@@ -257,40 +350,60 @@ struct Problem {
 template <typename T>
 Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, int64_t form,
                         int64_t power, const std::optional<at::Tensor>& row_shift,
-                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& allowed) {
+                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& allowed,
+                        const std::optional<at::Tensor>& key_lengths, double dropout_p, int64_t seed,
+                        int64_t offset) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "fused_cpu: q, k, v must be (B*H, N, d)");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "fused_cpu: operands must be contiguous");
   TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "fused_cpu: unknown activation form ", form);
+  TORCH_CHECK(heads >= 1 && q.size(0) % heads == 0, "fused_cpu: ", q.size(0), " flattened heads for ", heads, " heads");
   const auto dtype = q.scalar_type();
   Problem<T> pb{q.size(0), heads, q.size(1), k.size(1), q.size(2), v.size(2), static_cast<Form>(form), power,
-                nullptr, Strided4<T>(bias, dtype, "bias"), Strided4<bool>(allowed, at::kBool, "allowed")};
+                nullptr, Strided4<T>(bias, dtype, "bias"), Strided4<bool>(allowed, at::kBool, "allowed"),
+                nullptr, Dropout(dropout_p, seed, offset)};
   if (row_shift && row_shift->defined()) {
     TORCH_CHECK(row_shift->is_contiguous() && row_shift->numel() == pb.bh * pb.nq,
                 "fused_cpu: row_shift must be (B*H, Nq)");
     pb.row_shift = row_shift->data_ptr<T>();
   }
+  if (key_lengths && key_lengths->defined()) {
+    const auto& lengths = *key_lengths;
+    TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.dim() == 1 &&
+                    lengths.size(0) * heads == pb.bh,
+                "fused_cpu: key_lengths must be a contiguous int64 (B,) tensor");
+    pb.key_lengths = lengths.data_ptr<int64_t>();
+    for (int64_t b = 0; b < lengths.size(0); ++b) {
+      TORCH_CHECK(pb.key_lengths[b] >= 0 && pb.key_lengths[b] <= pb.nk, "fused_cpu: key length ",
+                  pb.key_lengths[b], " of batch entry ", b, " is outside [0, ", pb.nk, "]");
+    }
+  }
   return pb;
 }
 
+// Items are (query block, head) pairs, query block major: at::parallel_for gives each
+// thread a contiguous range, so heads of different key lengths are spread evenly.
 template <typename T>
 void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
                   int64_t block_q, int64_t block_k) {
-  const int64_t q_blocks = (pb.nq + block_q - 1) / block_q;
-  ScratchBuffers<T> buffers(at::get_num_threads(), block_q * std::min(block_k, pb.nk));
+  const int64_t q_blocks = (pb.nq + block_q - 1) / block_q, tile_size = block_q * std::min(block_k, pb.nk);
+  // per thread: the score tile, then one row of dropout words (uint32, no wider than T)
+  ScratchBuffers<T> buffers(at::get_num_threads(), tile_size + (pb.dropout ? block_k + 4 : 0));
   at::parallel_for(0, pb.bh * q_blocks, 1, [&](int64_t begin, int64_t end) {
     T* tile = buffers.get(at::get_thread_num());
+    auto* bits = reinterpret_cast<uint32_t*>(tile + tile_size);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / q_blocks, i0 = (item % q_blocks) * block_q;
-      const int64_t rows = std::min(block_q, pb.nq - i0);
+      const int64_t h = item % pb.bh, i0 = (item / pb.bh) * block_q;
+      const int64_t rows = std::min(block_q, pb.nq - i0), nk = pb.keys(h);
       const T* qi = q + (h * pb.nq + i0) * pb.d;
       T* oi = out + (h * pb.nq + i0) * pb.dv;
-      for (int64_t j0 = 0; j0 < pb.nk; j0 += block_k) {
-        const int64_t cols = std::min(block_k, pb.nk - j0);
+      for (int64_t j0 = 0; j0 < nk; j0 += block_k) {
+        const int64_t cols = std::min(block_k, nk - j0);
         gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, k + (h * pb.nk + j0) * pb.d, pb.d, T(0), tile,
                 cols);
         pb.add_score_terms(tile, h, i0, j0, rows, cols);
         apply_f(tile, rows * cols, pb.form, pb.power);
         pb.mask({tile}, h, i0, j0, rows, cols);
+        pb.dropout.apply({tile}, bits, h, i0, j0, rows, cols);
         gemm<T>(false, false, rows, pb.dv, cols, T(1), tile, cols, v + (h * pb.nk + j0) * pb.dv, pb.dv,
                 j0 == 0 ? T(0) : T(1), oi, pb.dv);
       }
@@ -302,43 +415,77 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
   });
 }
 
-// Work is split over (head, key block) items, one contiguous chunk of items per
-// thread; each item owns its rows of dK and dV. When there are fewer heads than
-// threads (long sequences) the key blocks of a head are spread over chunks, so
-// each chunk sums dQ for the few heads it touches in a buffer of its own; a bias
+// Work is split over items, one contiguous run of items per chunk (a chunk per
+// thread), the runs cut where they hold equal numbers of keys (heads differ in
+// length under key padding). An item is one head's key blocks and owns their
+// rows of dK and dV. When there are fewer heads than threads (long sequences)
+// an item is a single key block, so a head's blocks spread over chunks, and each
+// chunk sums dQ for the few heads it touches in a buffer of its own; a bias
 // broadcast over batch or heads (Swin's) is shared by heads, so its gradient is
 // summed per chunk too. The chunks' buffers are added up at the end.
 template <typename T>
 void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv,
                    T* dbias, int64_t block_q, int64_t block_k) {
   const auto divup = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  const int64_t threads = at::get_num_threads(), k_blocks = divup(pb.nk, block_k);
-  const bool split_keys = pb.bh < 2 * threads && k_blocks > 1;
-  const int64_t groups = split_keys ? k_blocks : 1, items = pb.bh * groups;  // items per head, in all
-  const int64_t chunks = std::max<int64_t>(1, std::min(items, threads)), per_chunk = divup(items, chunks);
+  const int64_t threads = at::get_num_threads();
+  int64_t most_blocks = 0;
+  for (int64_t h = 0; h < pb.bh; ++h) most_blocks = std::max(most_blocks, divup(pb.keys(h), block_k));
+  const bool split_keys = pb.bh < 2 * threads && most_blocks > 1;
+  struct Item {
+    int64_t h, first, last;  // key blocks [first, last) of head h
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> work_before{0};  // keys in the items before item i
+  for (int64_t h = 0; h < pb.bh; ++h) {
+    const int64_t blocks = divup(pb.keys(h), block_k);
+    for (int64_t kb = 0; kb < blocks; kb += split_keys ? 1 : blocks) {
+      const int64_t last = split_keys ? kb + 1 : blocks;
+      items.push_back({h, kb, last});
+      work_before.push_back(work_before.back() + std::min(last * block_k, pb.keys(h)) - kb * block_k);
+    }
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  const int64_t chunks = std::max<int64_t>(1, std::min(n_items, threads));
+  std::vector<int64_t> chunk_start(chunks + 1, n_items);  // chunk c runs items [chunk_start[c], chunk_start[c + 1])
+  for (int64_t c = 0, i = 0; c < chunks; ++c) {
+    while (i < n_items && work_before[i] * chunks < work_before[n_items] * c) ++i;
+    chunk_start[c] = i;
+  }
   const int64_t head_dq = pb.nq * pb.d;
-  const int64_t chunk_heads = split_keys ? divup(per_chunk, groups) + 1 : 0;  // heads a chunk's dQ buffer holds
+  int64_t chunk_heads = 0;  // heads a chunk's dQ buffer holds
+  if (split_keys) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (chunk_start[c] < chunk_start[c + 1]) {
+        chunk_heads = std::max(chunk_heads, items[chunk_start[c + 1] - 1].h - items[chunk_start[c]].h + 1);
+      }
+    }
+  }
   // several items add into the same dbias elements: heads sharing the bias, or one head's key blocks
   // on different chunks when the bias broadcasts along keys
   const bool shared_bias = dbias && (pb.bias.shared_across_heads(pb.bh / pb.heads, pb.heads) ||
                                      (split_keys && pb.bias.stride[3] == 0));
   const int64_t tile_size = block_q * std::min(block_k, pb.nk);
   const int64_t dq_size = chunk_heads * head_dq, dbias_size = shared_bias ? pb.bias.span : 0;
-  ScratchBuffers<T> buffers(chunks, 3 * tile_size + dq_size + dbias_size, /*zero=*/dq_size + dbias_size > 0);
-  const bool linear = pb.form == POLY && pb.power == 1;  // f' = 1: S is not needed after f
+  const int64_t bits_size = pb.dropout ? block_k + 4 : 0;  // a row of dropout words (uint32, no wider than T)
+  ScratchBuffers<T> buffers(chunks, 3 * tile_size + dq_size + dbias_size + bits_size,
+                            /*zero=*/dq_size + dbias_size > 0);
+  // f' = 1 for poly1: S is not needed after f, dS is only masked. Under dropout
+  // s is set to 1 instead and masked along with f, so dS *= s applies both masks.
+  const bool poly1 = pb.form == POLY && pb.power == 1, linear = poly1 && !pb.dropout;
   at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       T* s = buffers.get(chunk);
       T *f = s + tile_size, *ds = f + tile_size;
       T* dbias_out = shared_bias ? ds + tile_size + dq_size : dbias;
-      const int64_t begin = chunk * per_chunk, end = std::min(items, begin + per_chunk);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t h = item / groups;
+      auto* bits = reinterpret_cast<uint32_t*>(ds + tile_size + dq_size + dbias_size);
+      const int64_t begin = chunk_start[chunk], end = chunk_start[chunk + 1];
+      for (int64_t index = begin; index < end; ++index) {
+        const Item& item = items[index];
+        const int64_t h = item.h, nk = pb.keys(h);
         // this head's dQ rows: its own in dq, or the chunk's buffer slot for it
-        T* dq_h = split_keys ? ds + tile_size + (h - begin / groups) * head_dq : dq + h * head_dq;
-        const int64_t first = split_keys ? item % groups : 0, last = split_keys ? first + 1 : k_blocks;
-        for (int64_t kb = first; kb < last; ++kb) {
-          const int64_t j0 = kb * block_k, cols = std::min(block_k, pb.nk - j0);
+        T* dq_h = split_keys ? ds + tile_size + (h - items[begin].h) * head_dq : dq + h * head_dq;
+        for (int64_t kb = item.first; kb < item.last; ++kb) {
+          const int64_t j0 = kb * block_k, cols = std::min(block_k, nk - j0);
           const T* kj = k + (h * pb.nk + j0) * pb.d;
           const T* vj = v + (h * pb.nk + j0) * pb.dv;
           T* dkj = dk + (h * pb.nk + j0) * pb.d;
@@ -351,7 +498,9 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
             gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
             pb.add_score_terms(s, h, i0, j0, rows, cols);
             apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
+            if (poly1 && pb.dropout) std::fill(s, s + rows * cols, T(1));
             pb.mask({f, s}, h, i0, j0, rows, cols);
+            pb.dropout.apply({f, s}, bits, h, i0, j0, rows, cols);
             // dV_j += f^T dO_i ;  dP = dO_i V_j^T ;  dS = dP * f'
             gemm<T>(true, false, cols, pb.dv, rows, T(1), f, cols, doi, pb.dv, beta, dvj, pb.dv);
             gemm<T>(false, true, rows, cols, pb.dv, T(1), doi, pb.dv, vj, pb.dv, T(0), ds, cols);
@@ -373,8 +522,11 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
     at::parallel_for(0, pb.bh, 1, [&](int64_t head_begin, int64_t head_end) {
       for (int64_t h = head_begin; h < head_end; ++h) {
         T* into = dq + h * head_dq;
-        for (int64_t c = h * groups / per_chunk; c <= ((h + 1) * groups - 1) / per_chunk; ++c) {
-          const T* part = buffers.get(c) + 3 * tile_size + (h - c * per_chunk / groups) * head_dq;
+        for (int64_t c = 0; c < chunks; ++c) {
+          if (chunk_start[c] == chunk_start[c + 1]) continue;
+          const int64_t first = items[chunk_start[c]].h, last = items[chunk_start[c + 1] - 1].h;
+          if (h < first || h > last) continue;
+          const T* part = buffers.get(c) + 3 * tile_size + (h - first) * head_dq;
           for (int64_t e = 0; e < head_dq; ++e) into[e] += part[e];
         }
       }
@@ -390,13 +542,31 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
   }
 }
 
+// The keep mask (BH, Nq, Nk) that Dropout draws, for tests and debugging of small shapes.
+at::Tensor dropout_keep_mask(int64_t batch_heads, int64_t nq, int64_t nk, double dropout_p, int64_t seed,
+                             int64_t offset) {
+  const Dropout dropout(dropout_p, seed, offset);
+  auto keep = at::empty({batch_heads, nq, nk}, at::kBool);
+  std::vector<uint32_t> bits(nk + 4);
+  bool* out = keep.data_ptr<bool>();
+  for (int64_t h = 0; h < batch_heads; ++h) {
+    for (int64_t i = 0; i < nq; ++i, out += nk) {
+      dropout.row_bits(bits.data(), h, i, 0, nk);
+      for (int64_t j = 0; j < nk; ++j) out[j] = !dropout || bits[j] >= dropout.threshold;
+    }
+  }
+  return keep;
+}
+
 at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& row_scale,
                          const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
-                         const std::optional<at::Tensor>& allowed, int64_t heads, int64_t form, int64_t power,
+                         const std::optional<at::Tensor>& allowed, const std::optional<at::Tensor>& key_lengths,
+                         int64_t heads, int64_t form, int64_t power, double dropout_p, int64_t seed, int64_t offset,
                          int64_t block_q, int64_t block_k) {
   auto out = at::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_forward", [&] {
-    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed);
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed, key_lengths,
+                                           dropout_p, seed, offset);
     TORCH_CHECK(row_scale.is_contiguous() && row_scale.numel() == pb.bh * pb.nq,
                 "fused_cpu: row_scale must be (B*H, Nq)");
     forward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -409,14 +579,16 @@ at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
     const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& allowed, bool bias_grad, int64_t heads, int64_t form, int64_t power,
-    int64_t block_q, int64_t block_k) {
+    const std::optional<at::Tensor>& allowed, const std::optional<at::Tensor>& key_lengths, bool bias_grad,
+    int64_t heads, int64_t form, int64_t power, double dropout_p, int64_t seed, int64_t offset, int64_t block_q,
+    int64_t block_k) {
   TORCH_CHECK(dout.is_contiguous() && dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
               "fused_cpu: grad_out must be contiguous (B*H, Nq, dv)");
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   at::Tensor dbias;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_backward", [&] {
-    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed);
+    const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed, key_lengths,
+                                           dropout_p, seed, offset);
     TORCH_CHECK(!bias_grad || pb.bias, "fused_cpu: bias_grad without a bias");
     dbias = at::zeros({bias_grad ? pb.bias.span : 0}, q.options());
     backward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -431,9 +603,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
 
 TORCH_LIBRARY(polyattn_cpu, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor row_scale, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
-        "int heads, int form, int power, int block_q, int block_k) -> Tensor");
+        "Tensor? key_lengths, int heads, int form, int power, float dropout_p, int seed, int offset, int block_q, "
+        "int block_k) -> Tensor");
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
-        "bool bias_grad, int heads, int form, int power, int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor? key_lengths, bool bias_grad, int heads, int form, int power, float dropout_p, int seed, int offset, "
+        "int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("dropout_keep_mask(int batch_heads, int nq, int nk, float dropout_p, int seed, int offset) -> Tensor",
+        &dropout_keep_mask);
 }
 
 TORCH_LIBRARY_IMPL(polyattn_cpu, CPU, m) {
