@@ -2,18 +2,22 @@
 from .base import CorruptImageError, ImageDataModule, ImageList, read_rgb
 from .digits import DigitsDataModule
 from .image_folder import ImageFolderDataModule
-from .lra import ListOpsDataModule
+from .lra import AANDataModule, CIFAR10GrayDataModule, IMDbDataModule, ListOpsDataModule, PathfinderDataModule
 from .tiny_imagenet import TinyImageNetDataModule
 from .transforms import AugmentRecipe, build_transform
 
 __all__ = [
+    "AANDataModule",
     "AugmentRecipe",
+    "CIFAR10GrayDataModule",
     "CorruptImageError",
     "DigitsDataModule",
     "ImageDataModule",
     "ImageFolderDataModule",
+    "IMDbDataModule",
     "ImageList",
     "ListOpsDataModule",
+    "PathfinderDataModule",
     "TinyImageNetDataModule",
     "build_transform",
     "read_rgb",

@@ -34,11 +34,12 @@ PAD_MULTIPLE = 64
 
 
 class Sequences:
-    """Variable-length token sequences packed into one flat array plus offsets.
+    """Variable-length byte-sized token sequences packed into one flat ``uint8`` array plus offsets.
 
     One buffer rather than a Python object per sample: loader workers forked from
     the main process share it, where reference counts on many small objects
-    would copy every page.
+    would copy every page. Every LRA vocabulary fits a byte once text ids are
+    stored as the bytes themselves (:class:`TokenDataset` adds the shift).
     """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
@@ -46,26 +47,10 @@ class Sequences:
         self.offsets = offsets
 
     @classmethod
-    def pack(cls, seqs: Sequence[np.ndarray], max_length: int, source: str, dtype=np.uint8) -> "Sequences":
-        """Pack ``seqs``, truncating each to ``max_length``; one warning counts the truncated ones."""
-        truncated = sum(len(seq) > max_length for seq in seqs)
-        if truncated:
-            rank_zero_warn(
-                f"{source}: {truncated} of {len(seqs)} sequences are longer than {max_length} tokens; truncated"
-            )
-        lengths = np.fromiter((min(len(seq), max_length) for seq in seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        tokens = np.empty(int(offsets[-1]), dtype=dtype)
-        for i, seq in enumerate(seqs):
-            tokens[offsets[i] : offsets[i + 1]] = seq[: lengths[i]]
-        return cls(tokens, offsets)
-
-    @classmethod
     def from_array(cls, rows: np.ndarray) -> "Sequences":
-        """Equal-length sequences from the rows of a 2-D array (images as pixel sequences)."""
+        """Equal-length sequences from the rows of a 2-D ``uint8`` array (images as pixel sequences)."""
         n, length = rows.shape
-        return cls(np.ascontiguousarray(rows).reshape(-1), np.arange(n + 1, dtype=np.int64) * length)
+        return cls(np.ascontiguousarray(rows, dtype=np.uint8).reshape(-1), np.arange(n + 1, dtype=np.int64) * length)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -77,12 +62,43 @@ class Sequences:
         return np.diff(self.offsets)
 
 
-class TokenDataset(Dataset):
-    """Labelled samples of one token sequence, or two (one per tower); items are ``(sequences, label)``."""
+class SequenceBuilder:
+    """Appends sequences truncated to ``max_length``; :meth:`build` warns once with the count it truncated."""
 
-    def __init__(self, towers: Sequence[Sequences], labels: Sequence[int] | np.ndarray):
+    def __init__(self, max_length: int, source: str):
+        self.max_length = max_length
+        self.source = source
+        self.buffer = bytearray()
+        self.offsets = [0]
+        self.truncated = 0
+
+    def append(self, seq: bytes | np.ndarray) -> None:
+        if len(seq) > self.max_length:
+            self.truncated += 1
+            seq = seq[: self.max_length]
+        self.buffer += seq if isinstance(seq, (bytes, bytearray)) else np.asarray(seq, dtype=np.uint8).tobytes()
+        self.offsets.append(len(self.buffer))
+
+    def build(self) -> Sequences:
+        if self.truncated:
+            rank_zero_warn(
+                f"{self.source}: {self.truncated} of {len(self.offsets) - 1} sequences are longer than "
+                f"{self.max_length} tokens; truncated"
+            )
+        return Sequences(np.frombuffer(self.buffer, dtype=np.uint8), np.asarray(self.offsets, dtype=np.int64))
+
+
+class TokenDataset(Dataset):
+    """Labelled samples of one token sequence, or two (one per tower); items are ``(sequences, label)``.
+
+    Token ids are the stored values plus ``shift``: byte-level text stores raw
+    bytes and takes ``shift=1`` (LRA's ``ByteTextEncoder``: byte b is id b + 1, 0 is padding).
+    """
+
+    def __init__(self, towers: Sequence[Sequences], labels: Sequence[int] | np.ndarray, shift: int = 0):
         self.towers = tuple(towers)
         self.labels = np.asarray(labels, dtype=np.int64)
+        self.shift = shift
         if any(len(tower) != len(self.labels) for tower in self.towers):
             raise ValueError(f"{[len(t) for t in self.towers]} sequences for {len(self.labels)} labels")
 
@@ -90,7 +106,10 @@ class TokenDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[tuple[np.ndarray, ...], int]:
-        return tuple(tower[index] for tower in self.towers), int(self.labels[index])
+        seqs = tuple(tower[index] for tower in self.towers)
+        if self.shift:
+            seqs = tuple(seq.astype(np.int64) + self.shift for seq in seqs)
+        return seqs, int(self.labels[index])
 
 
 class PadCollate:

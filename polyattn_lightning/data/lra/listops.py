@@ -41,7 +41,7 @@ from statistics import median
 import numpy as np
 
 from ...checkpoint import checkpoint_safe
-from .base import LRADataModule, Sequences, TokenDataset, parse_label
+from .base import LRADataModule, SequenceBuilder, TokenDataset, parse_label
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # LRA's list order; random.choice draws from it
 VALUE_P = 0.25  # LRA's VALUE_P: probability that a node above the maximum depth is a value
@@ -191,7 +191,7 @@ def default_root(spec: ListOpsSpec) -> Path:
 
 def read_tsv(path: Path, max_length: int) -> TokenDataset:
     """A ``Source``/``Target`` TSV file as token sequences and labels; bad rows raise naming file and line."""
-    sequences, labels = [], []
+    sequences, labels = SequenceBuilder(max_length, str(path)), []
     with open(path, newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
@@ -209,7 +209,7 @@ def read_tsv(path: Path, max_length: int) -> TokenDataset:
             if len(tokens) == 0:
                 raise ValueError(f"{where}: Source {row[source_col]!r} has no tokens")
             sequences.append(tokens)
-    return TokenDataset([Sequences.pack(sequences, max_length, str(path))], labels)
+    return TokenDataset([sequences.build()], labels)
 
 
 class ListOpsDataModule(LRADataModule):

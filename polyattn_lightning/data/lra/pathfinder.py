@@ -1,0 +1,107 @@
+"""LRA Pathfinder: are two dots joined by a dashed path? Grayscale PNGs as pixel sequences.
+
+The release's ``pathfinder32/<difficulty>/metadata/<k>.npy`` are plain text despite
+the suffix: one image per line, space-separated, field 0 the image folder
+(``imgs/<k>``), field 1 the file name, field 3 the label; the image is
+``pathfinder32/<difficulty>/<field 0>/<field 1>``. As in google-research/long-range-arena
+(``lra_benchmarks/data/pathfinder.py`` and ``image/input_pipeline.py``): the PNG's
+pixel values (0-255) are the tokens, row by row (vocabulary 256, length 1024 at
+32 x 32), and empty image files are dropped (the release has one). LRA's task is
+``curv_contour_length_14`` ("hard"). All images are decoded once, in ``setup``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
+from PIL import Image
+from torch.utils.data import Dataset
+
+from .base import LRADataModule, Sequences, TokenDataset, fraction_sizes, parse_label, seeded_split
+
+
+def _metadata_order(path: Path):
+    return (0, int(path.stem), "") if path.stem.isdigit() else (1, 0, path.stem)
+
+
+class PathfinderDataModule(LRADataModule):
+    """LRA Pathfinder (2 classes); ``--data.root`` is the LRA release folder holding ``pathfinder32/``.
+
+    One seeded 80/10/10 split of every listed image into train/validation/test.
+    Unreadable, empty or missing image files are skipped, with one warning that counts them.
+    """
+
+    vocab_size = 256
+    num_classes = 2
+
+    def __init__(
+        self,
+        root: str | None = None,
+        resolution: int = 32,
+        difficulty: str = "curv_contour_length_14",
+        split_seed: int = 0,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
+        """
+        Args:
+            resolution: 32 (LRA's Pathfinder), 64, 128 or 256 (Path-X): reads ``pathfinder<resolution>/``.
+            difficulty: ``curv_baseline``, ``curv_contour_length_9`` or ``curv_contour_length_14`` (LRA's).
+        """
+        super().__init__(root, resolution * resolution, False, split_seed, batch_size, num_workers, pin_memory)
+        self.resolution = resolution
+        self.folder = Path(f"pathfinder{resolution}") / difficulty
+        self.layout = (
+            f"{self.folder}/metadata/<k>.npy (text, one image per line: <folder> <file> <index> <label>) "
+            f"and {self.folder}/imgs/<k>/sample_<i>.png ({resolution} x {resolution} grayscale)"
+        )
+
+    def read_metadata(self, base: Path) -> list[tuple[Path, int]]:
+        meta_dir = base / "metadata"
+        files = sorted(meta_dir.glob("*.npy"), key=_metadata_order) if meta_dir.is_dir() else []
+        if not files:
+            raise FileNotFoundError(f"no metadata files {meta_dir}/*.npy; expected layout under {self.root}:\n{self.layout}")
+        samples = []
+        for path in files:
+            for line_no, line in enumerate(path.read_text().splitlines(), 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                where = f"{path}:{line_no}"
+                if len(fields) < 4:
+                    raise ValueError(f"{where}: expected '<folder> <file> <index> <label> ...', got {line!r}")
+                samples.append((base / fields[0] / fields[1], parse_label(fields[3], 2, where)))
+        return samples
+
+    def read_image(self, path: Path) -> np.ndarray | None:
+        """The image's pixels as one row, or None if the file is missing, empty or not an image."""
+        try:
+            with Image.open(path) as image:
+                pixels = np.asarray(image if image.mode == "L" else image.convert("L"))
+        except (OSError, ValueError):  # missing, empty (PIL: cannot identify), truncated, corrupt
+            return None
+        if pixels.shape != (self.resolution, self.resolution):
+            raise ValueError(f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}")
+        return pixels.reshape(-1)
+
+    def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
+        samples = self.read_metadata(root / self.folder)
+        pixels, labels, skipped = [], [], []
+        for path, label in samples:
+            row = self.read_image(path)
+            if row is None:
+                skipped.append(path)
+            else:
+                pixels.append(row)
+                labels.append(label)
+        if skipped:
+            rank_zero_warn(
+                f"{root / self.folder}: skipped {len(skipped)} of {len(samples)} listed images that are missing, "
+                f"empty or unreadable (first: {skipped[0]})"
+            )
+        if not pixels:
+            raise FileNotFoundError(f"no readable images under {root / self.folder}; expected layout:\n{self.layout}")
+        dataset = TokenDataset([Sequences.from_array(np.stack(pixels))], labels)
+        return tuple(seeded_split(dataset, fraction_sizes(len(dataset), [0.8, 0.1, 0.1]), self.split_seed))
