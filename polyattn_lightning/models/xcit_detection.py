@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 DEFAULT_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
 #: Keys of a timm/official XCiT state dict that only classification uses.
 CLASSIFICATION_PARTS = ("cls_token", "cls_attn_blocks.", "norm.", "head.")
+#: Key endings only XCiT blocks have (XCA temperature, local patch interaction).
+XCIT_ONLY = (".attn.temperature", ".local_mp.conv1.weight")
 
 
 def _upsample_branches(dim: int, patch_size: int) -> list[nn.Module]:
@@ -117,10 +119,11 @@ class XCiTBackbone(nn.Module):
         state = checkpoint_filter_fn(dict(read_state_dict(file)), self.xcit)
         own = self.xcit.state_dict()
         found = [k for k in state if k in own]
-        if not found:
+        if not any(k.endswith(XCIT_ONLY) for k in found):  # other ViTs share names such as blocks.0.attn.qkv.weight
             raise ValueError(
                 f"pretrained weights {file} hold no XCiT weights: none of its {len(state)} keys "
-                f"(e.g. {', '.join(list(state)[:3]) or 'none'}) is an XCiT key such as blocks.0.attn.qkv.weight"
+                f"(e.g. {', '.join(list(state)[:3]) or 'none'}) is an XCA temperature or local patch interaction "
+                "(blocks.<i>.attn.temperature, blocks.<i>.local_mp.*)"
             )
         wrong = [f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})" for k in found if state[k].shape != own[k].shape]
         if wrong:
@@ -130,8 +133,8 @@ class XCiTBackbone(nn.Module):
         unexpected = [k for k in result.unexpected_keys if k not in ignored]
         log.info(
             "XCiT backbone: loaded %d tensors from %s; missing keys (left as initialised): %s; unexpected keys: %s; "
-            "classification parts not used: %d keys", len(found), file, result.missing_keys or "none",
-            unexpected or "none", len(ignored),
+            "classification parts not used: %d keys; the stride 4/8/32 branches start from their initialisation",
+            len(found), file, result.missing_keys or "none", unexpected or "none", len(ignored),
         )
         return list(result.missing_keys), list(result.unexpected_keys)
 
