@@ -7,7 +7,9 @@ project's are imported first, so their short names (``ClassificationModule``,
 """
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
 from .checkpoint import CheckpointLoadError, load_checkpoint
+from .distributed import distributed_teardown
 
 #: TensorBoardLogger's default run name, which the CLI replaces with the config file's name.
 DEFAULT_RUN_NAME = "lightning_logs"
@@ -100,6 +103,16 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
+#: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep ...``, one module each in
+#: ``polyattn_lightning.commands`` with a ``main(argv)``.
+COMMANDS = ("maps", "norms", "sweep")
+
+
+@distributed_teardown()  # every verb ends with the process group torn down in order, on every backend
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] in COMMANDS:
+        importlib.import_module(f"{__package__}.commands.{argv[0]}").main(argv[1:])
+        return
     make_cli(args)

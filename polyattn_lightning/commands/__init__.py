@@ -1,0 +1,1 @@
+"""The CLI's verbs beside fit/validate/test/predict, one module each with ``main(argv)``; see ``cli.COMMANDS``."""

@@ -1,0 +1,100 @@
+"""``polyattn maps --ckpt RUN.ckpt --image IMG [--image IMG ...] [--layer 2 --layer 12] [--head 0] --out DIR``
+
+Draws the attention pictures of :mod:`~polyattn_lightning.callbacks.attention_maps`
+(``DIR/heatmaps.png``: phi(S) per layer and head; ``DIR/overlay.png``: where the
+model looks, over each image) for a trained checkpoint and image files.
+The images get timm's evaluation transform (resize, centre crop, normalise)
+at the model's input size; ``--mean``/``--std`` must be the ones the model was
+trained with (ImageNet's by default; ``0.5 0.5 0.5`` for the digits quickstart).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+
+from .. import tasks
+from ..callbacks.attention_maps import attention_pictures
+from ..checkpoint import load_checkpoint
+from ..data.base import read_rgb
+
+
+def layer_ref(text: str) -> int | str:
+    """A 1-based layer number, or a module name."""
+    return int(text) if text.isdigit() else text
+
+
+def module_class(name: str) -> type[LightningModule]:
+    """A LightningModule class: a short name of this project's tasks or ``package.module.Class``."""
+    if hasattr(tasks, name):
+        return getattr(tasks, name)
+    module, _, attr = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, LightningModule)):
+        raise ValueError(f"--model-class {name!r} is not a LightningModule (a task name such as ClassificationModule "
+                         "or a dotted path package.module.Class)")
+    return cls
+
+
+def load_module(ckpt: Path, cls: type[LightningModule]) -> LightningModule:
+    """The module of a checkpoint, built from its hyperparameters (no pretrained file needed) in eval mode."""
+    checkpoint = load_checkpoint(ckpt)
+    if "hyper_parameters" not in checkpoint or "state_dict" not in checkpoint:
+        raise ValueError(f"{ckpt} is not a Lightning checkpoint of a module that saves its hyperparameters")
+    hparams = dict(checkpoint["hyper_parameters"])
+    if hparams.get("pretrained"):
+        hparams["pretrained"] = None  # the checkpoint's weights replace them
+    module = cls(**hparams)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module.eval()
+
+
+def input_size(module: LightningModule, given: int | None) -> int:
+    """The image side the model takes: ``--img-size``, else its ``img_size`` hyperparameter, else its patch embedding's."""
+    if given:
+        return given
+    size = module.hparams.get("img_size") or getattr(getattr(module.model, "patch_embed", None), "img_size", None)
+    if size is None:
+        raise ValueError("cannot tell the model's input size; pass --img-size")
+    return size if isinstance(size, int) else size[0]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="polyattn maps", description=__doc__.split("\n\n")[1])
+    p.add_argument("--ckpt", type=Path, required=True, help="checkpoint of a trained run")
+    p.add_argument("--image", type=Path, action="append", required=True, help="image file (repeat for several)")
+    p.add_argument("--layer", type=layer_ref, action="append", help="1-based attention layer or module name (repeat); "
+                   "default: every layer")
+    p.add_argument("--head", type=int, action="append", help="0-based head (repeat); default: every head")
+    p.add_argument("--out", type=Path, required=True, help="directory for heatmaps.png and overlay.png")
+    p.add_argument("--model-class", default="ClassificationModule", help="the checkpoint's LightningModule class")
+    p.add_argument("--img-size", type=int, help="input side (default: the model's)")
+    p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_DEFAULT_MEAN, help="normalisation mean")
+    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_DEFAULT_STD, help="normalisation std")
+    p.add_argument("--dpi", type=int, default=100)
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """Run the command; returns the PNG files written."""
+    args = parser().parse_args(argv)
+    module = load_module(args.ckpt, module_class(args.model_class))
+    size = input_size(module, args.img_size)
+    transform = create_transform(input_size=size, is_training=False, crop_pct=1.0, mean=args.mean, std=args.std)
+    images = torch.stack([transform(read_rgb(path)) for path in args.image])
+    caption = f"\n{args.ckpt.name}: {', '.join(path.name for path in args.image)}"
+    figures = attention_pictures(module, images, args.layer, args.head, samples=len(args.image), caption=caption)
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures.items():
+        written.append(args.out / f"{name}.png")
+        fig.savefig(written[-1], dpi=args.dpi)
+        print(f"wrote {written[-1]}")
+    return written
