@@ -270,13 +270,15 @@ struct Dropout {
         x2[t] = c2;
         x3[t] = c3_;
       }
+      uint32_t words[4 * PHILOX_LANES];  // key order
       for (int64_t t = 0; t < lanes; ++t) {
-        const int64_t j = (g0 - g_first + t) * 4 - skip;  // bits index of word 0 of this group
-        const uint32_t words[4] = {x0[t], x1[t], x2[t], x3[t]};
-        for (int w = 0; w < 4; ++w) {
-          if (j + w >= 0 && j + w < cols) bits[j + w] = words[w];
-        }
+        words[4 * t] = x0[t];
+        words[4 * t + 1] = x1[t];
+        words[4 * t + 2] = x2[t];
+        words[4 * t + 3] = x3[t];
       }
+      const int64_t from = g0 == g_first ? skip : 0, at = (g0 - g_first) * 4 + from - skip;
+      std::copy(words + from, words + from + std::min(4 * lanes - from, cols - at), bits + at);
     }
   }
 
