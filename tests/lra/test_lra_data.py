@@ -166,6 +166,20 @@ def test_aan_missing_file(tmp_path):
 # --- Image: CIFAR-10 python pickle batches ----------------------------------------------------------
 
 
+class Py2Pickler(pickle._Pickler):
+    """Writes bytes and str as Python 2 ``str`` opcodes, as the release's cPickle files have them."""
+
+    def save_bytes(self, obj):
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256 else pickle.BINSTRING + n.to_bytes(4, "little") + obj)
+        self.memoize(obj)
+
+    def save_str(self, obj):
+        self.save_bytes(obj.encode("latin1"))
+
+    dispatch = {**pickle._Pickler.dispatch, bytes: save_bytes, str: save_str}
+
+
 def write_cifar(root: Path, n_per_batch: int = 4) -> Path:
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
@@ -180,7 +194,10 @@ def write_cifar(root: Path, n_per_batch: int = 4) -> Path:
             b"filenames": [f"img_{i}_{j}.png".encode() for j in range(n_per_batch)],
         }
         with open(folder / name, "wb") as f:
-            pickle.dump(batch, f, protocol=2)
+            if name == "test_batch":  # as the release: Python 2 pickle, str keys (read back as bytes)
+                Py2Pickler(f, protocol=2).dump({key.decode(): value for key, value in batch.items()})
+            else:
+                pickle.dump(batch, f, protocol=2)
     return root
 
 
