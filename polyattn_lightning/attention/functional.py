@@ -5,8 +5,9 @@ Dispatch, in order:
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
-3. A built-in elementwise activation -> a fused kernel: Triton on CUDA
-   (which takes no score bias or dropout), C++ on CPU (with in-kernel dropout).
+3. A built-in elementwise activation -> a fused kernel (masks, score bias and
+   in-kernel dropout included): Triton on CUDA, C++ on CPU. Where Triton cannot
+   compile for the GPU, a warning names the error once and step 4 runs instead.
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -109,9 +110,9 @@ def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str
     if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
         return "associative"
     from .fused_cpu import fused_cpu_supports
-    from .triton_kernel import triton_supports
+    from .triton_kernel import triton_compiles, triton_supports
 
-    if dropout_p == 0.0 and attn_bias is None and triton_supports(q, act):  # Triton: no dropout yet
+    if triton_supports(q, act) and triton_compiles(q, act, allowed is not None, attn_bias is not None, dropout_p > 0):
         return "triton"
     if fused_cpu_supports(q, act):  # with in-kernel dropout
         return "fused_cpu"

@@ -29,7 +29,8 @@ def test_interpreter_is_active():
     q = torch.zeros(1, 1, 1, 16)
     assert triton_supports(q, get_activation("poly3")) and not triton_supports(q.double(), get_activation("poly3"))
     assert _pick_kernel(q, get_activation("relu"), None, None, 0.0, None) == "triton"
-    assert _pick_kernel(q, get_activation("relu"), None, None, 0.1, None) == "blocked"  # no dropout in Triton
+    assert _pick_kernel(q, get_activation("relu"), None, None, 0.1, None) == "triton"  # dropout in-kernel
+    assert _pick_kernel(q, get_activation("relu"), None, torch.zeros(1, 1, 1, 1), 0.0, None) == "triton"  # bias
 
 
 @pytest.mark.parametrize("name", [n for n in ELEMENTWISE if n != "poly2"])
@@ -64,20 +65,129 @@ def test_grids_put_batch_times_heads_on_axis_0(monkeypatch):
     """Regression: B*H was grid axis 1, which CUDA caps at 65535 (e.g. windowed attention, B x windows x heads)."""
     from polyattn_lightning.attention import triton_kernel
 
-    grids = {}
+    grids, launch = {}, triton_kernel._launch
 
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
+    def record(kernel, grid, *rest):
+        grids[kernel.fn.__name__] = tuple(grid)
+        return launch(kernel, grid, *rest)
 
-        def __getitem__(self, grid):
-            grids[self.name] = tuple(grid)
-            return self.kernel[grid]
-
-    for name in ("_forward", "_backward_kv", "_backward_q"):
-        monkeypatch.setattr(triton_kernel, name, Recorder(name, getattr(triton_kernel, name)))
+    monkeypatch.setattr(triton_kernel, "_launch", record)
     q, k, v = make_qkv(B=3, H=2, Nq=70, Nk=130, d=8, dv=8, dtype=torch.float32)
     out = attention(q, k, v, "poly3", kernel="triton")
     torch.testing.assert_close(out, reference_attention(q, k, v, "poly3"), rtol=1e-4, atol=1e-4)
     out.sum().backward()
-    assert grids == {"_forward": (6, 2), "_backward_kv": (6, 3), "_backward_q": (6, 2)}
+    forward, backward = (triton_kernel.launch_config(kind, torch.float32, 8, 8) for kind in ("forward", "backward"))
+    assert grids == {
+        "_forward": (6, -(-70 // forward.block_m)),
+        "_backward_kv": (6, -(-130 // backward.block_n)),
+        "_backward_q": (6, -(-70 // backward.block_m)),
+    }
+
+
+def _swin_inputs(dtype, windows=4, batch=2, heads=3, tokens=49, d=16):
+    """Swin-shaped operands: (B * windows, H, 49, d), a 0/-100 shifted-window mask and a (1, H, 49, 49) bias."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(batch * windows, heads, tokens, d, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    bias = (torch.randn(1, heads, tokens, tokens, generator=g) * 0.5).requires_grad_()
+    region = torch.randint(0, 3, (windows, tokens), generator=g)
+    window_mask = (region[:, :, None] != region[:, None, :]).float() * -100.0  # (windows, N, N), 0 = same region
+    mask = window_mask.repeat(batch, 1, 1).unsqueeze(1)  # as the switched Swin attention passes it
+    return q, k, v, bias, mask
+
+
+@pytest.mark.parametrize("name", ["poly3", "relu", "sigmoid"])
+def test_swin_bias_and_shifted_window_mask_values_and_gradients(name):
+    q, k, v, bias, mask = _swin_inputs(torch.float32)
+    out = attention(q, k, v, name, attn_mask=mask, attn_bias=bias)  # auto: the Triton kernel takes the bias now
+    keep = mask == 0
+    expected = reference_attention(q, k, v, name, keep=keep, bias=bias)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    inputs = (q, k, v, bias)
+    for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_bias_of_every_broadcast_shape_gets_its_gradient():
+    q, k, v = make_qkv(B=2, H=3, Nq=20, Nk=24, d=16, dv=16, dtype=torch.float32)
+    for shape in [(24,), (20, 24), (3, 1, 24), (2, 1, 20, 24), (2, 3, 20, 24)]:
+        bias = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).requires_grad_()
+        out = attention(q, k, v, "softplus", attn_bias=bias, kernel="triton")
+        expected = reference_attention(q, k, v, "softplus", bias=bias)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        [got] = torch.autograd.grad(out.sum(), bias)
+        [want] = torch.autograd.grad(expected.sum(), bias)
+        assert got.shape == bias.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bias_in_half_precision():
+    q, k, v, bias, mask = _swin_inputs(torch.bfloat16, windows=2, batch=1)
+    out = attention(q, k, v, "poly3", attn_mask=mask, attn_bias=bias, kernel="triton")
+    up = [x.detach().double() for x in (q, k, v, bias)]
+    expected = reference_attention(*up[:3], "poly3", keep=mask == 0, bias=up[3])
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+    grads = _grads(out, (q, k, v, bias))
+    assert grads[3].dtype == torch.float32 and all(g.isfinite().all() for g in grads)
+
+
+def philox_keep(seed: int, bh: int, nq: int, nk: int, p: float) -> torch.Tensor:
+    """The documented dropout scheme, written out in numpy: pair (i, j) of head bh is kept iff word j % 4 of
+    Philox4x32-10(key = seed's low/high 32 bits, counter = (j // 4, i, bh, 0)) >= floor(p * 2**32)."""
+    import numpy as np
+
+    low = np.uint64(0xFFFFFFFF)
+    i, j = np.meshgrid(np.arange(nq, dtype=np.uint64), np.arange(nk, dtype=np.uint64), indexing="ij")
+    c = [j // np.uint64(4), i, np.full_like(i, bh), np.zeros_like(i)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & low, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & low]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & low, (k1 + np.uint64(0xBB67AE85)) & low
+    words = np.choose((j % np.uint64(4)).astype(np.int64), c)
+    return torch.from_numpy(words >= min(int(p * 2**32), 2**32 - 1))
+
+
+@pytest.mark.parametrize("name", ["poly3", "sigmoid"])
+def test_dropout_follows_the_documented_philox_scheme(name):
+    q, k, v = make_qkv(B=2, H=2, Nq=40, Nk=37, d=16, dv=16, dtype=torch.float32)
+    bias = torch.randn(1, 2, 40, 37, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    p = 0.3
+    torch.manual_seed(11)
+    out = attention(q, k, v, name, attn_bias=bias, dropout_p=p)  # auto: Triton with in-kernel dropout
+    torch.manual_seed(11)
+    seed = int(torch.randint(2**63 - 1, (1,), dtype=torch.int64))  # the draw attention() made
+    keep = torch.stack([philox_keep(seed, bh, 40, 37, p) for bh in range(4)]).view(2, 2, 40, 37)
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.03
+    s = q @ k.transpose(-2, -1) / 4.0 + bias
+    n = torch.full((1, 1, 1, 1), 37.0)
+    expected = (reference_attention.__globals__["FORMULAS"][name](s, n) * keep / (1 - p)) @ v
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    inputs = (q, k, v, bias)
+    for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_compile_failure_warns_once_and_falls_back(monkeypatch):
+    """A Triton error at the launch (what a GPU it cannot compile for raises) must not crash the run."""
+    from polyattn_lightning.attention import triton_kernel
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected: PTX assembly aborted due to errors")
+
+    monkeypatch.setattr(triton_kernel, "_launch", fail)
+    monkeypatch.setattr(triton_kernel, "_PROBED", {})
+    q, k, v = make_qkv(B=1, H=2, Nq=30, Nk=30, d=16, dv=16, dtype=torch.float32)
+    with pytest.warns(UserWarning, match="injected: PTX assembly aborted") as caught:
+        out = attention(q, k, v, "relu")
+    assert len([w for w in caught if "Triton attention kernel" in str(w.message)]) == 1
+    torch.testing.assert_close(out, reference_attention(q, k, v, "relu"), rtol=1e-4, atol=1e-4)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # decided once: no second warning, no second try
+        again = attention(q, k, v, "relu")
+        again.sum().backward()
+    assert _pick_kernel(q, get_activation("relu"), None, None, 0.0, None) != "triton"
+    with pytest.raises(RuntimeError, match="injected"):  # asked for by name, it is not silently replaced
+        attention(q, k, v, "relu", kernel="triton")
