@@ -1,7 +1,12 @@
 """Attention benchmark: every activation and kernel against SDPA softmax, same shapes, same run.
 
 ``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5]
-[--device cpu|cuda] [--json out.json]``
+[--device cpu|cuda] [--key-padding 0-0.5] [--dropout 0.1] [--json out.json]``
+
+``--key-padding LO-HI`` pads the last LO..HI of each sequence's keys (spread
+evenly over the batch) and passes that ``key_padding_mask`` to every case, as
+LRA batches are padded; ``--dropout P`` adds a twin of each case that supports
+attention dropout, with ``dropout_p=P`` (softmax: SDPA's own dropout).
 
 Time: after one warm-up call per case, the cases run round-robin ``repeats``
 times (an untimed forward+backward, a timed forward, a timed forward+backward)
@@ -43,7 +48,9 @@ SHAPES = {
     "lra": (4, 2, 1024, 32),
     "4k": (2, 2, 4096, 32),
     "16k": (1, 2, 16384, 32),
+    "lra-4k": (4, 2, 4096, 32),  # LRA Text / one Retrieval tower, the recipe's 2 heads of 32
 }
+DEFAULT_SHAPES = ("vit-s", "lra", "4k", "16k")
 BASELINE = "softmax/sdpa"
 
 
@@ -59,10 +66,13 @@ class Case:
     fn: Callable[[Tensor, Tensor, Tensor], Tensor]
     max_n: int | None = None  # skipped above this length (N x N tensors would not fit)
     device: str | None = None  # the one device type the case runs on; None: any
+    masks: bool = True  # fn takes a key_padding_mask (else the case is left out of padded runs)
 
 
-def _kernel(activation: str, kernel: str, device: str | None = None) -> Case:
-    return Case(f"{activation}/{kernel}", partial(attention, activation=activation, kernel=kernel), device=device)
+def _kernel(activation: str, kernel: str, device: str | None = None, dropout_p: float = 0.0) -> Case:
+    label = f"{activation}/{kernel}" + (f"+dropout{dropout_p:g}" if dropout_p else "")
+    fn = partial(attention, activation=activation, kernel=kernel, dropout_p=dropout_p)
+    return Case(label, fn, device=device)
 
 
 CASES = [
@@ -70,7 +80,7 @@ CASES = [
     _kernel("poly3", "fused_cpu", "cpu"),
     _kernel("poly3", "triton", "cuda"),
     _kernel("poly3", "blocked"),
-    Case("poly3/naive", naive_poly3, max_n=4096),
+    Case("poly3/naive", naive_poly3, max_n=4096, masks=False),
     _kernel("poly1", "associative"),
     _kernel("poly1", "fused_cpu", "cpu"),
     _kernel("poly1", "triton", "cuda"),
@@ -81,18 +91,42 @@ CASES = [
 #: The kernels the targets are checked on, best first: what ``attention()`` picks on the
 #: device, else the blocked fallback (e.g. a machine where the C++ kernels cannot be built).
 TARGET_KERNELS = ("fused_cpu", "triton", "blocked")
+#: Kernels that take attention dropout (``--dropout`` makes a twin of their cases).
+DROPOUT_KERNELS = ("sdpa", "fused_cpu", "triton", "blocked")
 
 
-def _inputs(shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0) -> tuple[Tensor, ...]:
+def dropout_twins(cases: list[Case], dropout_p: float) -> list[Case]:
+    """Each ``activation/kernel`` case whose kernel has dropout, again with ``dropout_p``."""
+    twins = []
+    for case in cases:
+        activation, _, kernel = case.label.partition("/")
+        if kernel in DROPOUT_KERNELS:
+            twins.append(_kernel(activation, kernel, case.device, dropout_p))
+    return twins
+
+
+def padding_mask(batch: int, n: int, fractions: tuple[float, float]) -> Tensor:
+    """``key_padding_mask`` (True = padding): sequence ``b`` pads its last ``lo + (hi - lo) * b / (B - 1)`` of keys."""
+    lo, hi = fractions
+    padded = torch.linspace(lo, hi, batch) if batch > 1 else torch.tensor([lo])
+    lengths = n - (padded * n).round().long()
+    return torch.arange(n) >= lengths[:, None]
+
+
+def _inputs(
+    shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0, key_padding: tuple[float, float] | None = None
+) -> tuple[Tensor, ...]:
+    """``(q, k, v, grad, key_padding_mask or None)``."""
     generator = torch.Generator().manual_seed(seed)
     q, k, v, grad = (torch.randn(shape, generator=generator).to(device) for _ in range(4))
-    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
+    mask = None if key_padding is None else padding_mask(shape[0], shape[2], key_padding).to(device)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad, mask
 
 
-def _step(case: Case, q: Tensor, k: Tensor, v: Tensor, grad: Tensor | None) -> None:
+def _step(case: Case, q: Tensor, k: Tensor, v: Tensor, grad: Tensor | None, mask: Tensor | None = None) -> None:
     """One forward, plus a backward when ``grad`` is given; gradients start unallocated, as after zero_grad."""
     q.grad = k.grad = v.grad = None
-    out = case.fn(q, k, v)
+    out = case.fn(q, k, v) if mask is None else case.fn(q, k, v, key_padding_mask=mask)
     if grad is not None:
         out.backward(grad)
 
@@ -113,15 +147,15 @@ def _synchronize(device: torch.device) -> None:
 
 def time_cases(cases: list[Case], inputs, repeats: int) -> dict[str, dict[str, list[float]]]:
     """Seconds per call, ``{label: {"fwd": [...], "fwd_bwd": [...]}}``, cases interleaved round-robin."""
-    q, k, v, grad = inputs
+    q, k, v, grad, mask = inputs
     samples = {case.label: {"fwd": [], "fwd_bwd": []} for case in cases}
     for case in cases:  # warm-up: first-call allocations and library initialisation
-        _step(case, q, k, v, grad)
+        _step(case, q, k, v, grad, mask)
     for _ in range(repeats):
         for case in cases:
-            _step(case, q, k, v, grad)  # untimed: memory and caches hold this case's state, not the last case's
-            samples[case.label]["fwd"].append(_timed(partial(_step, case, q, k, v, None), q.device))
-            samples[case.label]["fwd_bwd"].append(_timed(partial(_step, case, q, k, v, grad), q.device))
+            _step(case, q, k, v, grad, mask)  # untimed: memory and caches hold this case's state, not the last case's
+            samples[case.label]["fwd"].append(_timed(partial(_step, case, q, k, v, None, mask), q.device))
+            samples[case.label]["fwd_bwd"].append(_timed(partial(_step, case, q, k, v, grad, mask), q.device))
     return samples
 
 
@@ -147,11 +181,16 @@ def peak_bytes(case: Case, inputs) -> int:
     return peak
 
 
-def run_shape(name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu") -> dict:
-    cases = [c for c in cases if c.max_n is None or shape[2] <= c.max_n]
-    inputs = _inputs(shape, device)
+def run_shape(
+    name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu",
+    key_padding: tuple[float, float] | None = None,
+) -> dict:
+    cases = [c for c in cases if (c.max_n is None or shape[2] <= c.max_n) and (c.masks or key_padding is None)]
+    inputs = _inputs(shape, device, key_padding=key_padding)
     samples = time_cases(cases, inputs, repeats)
     result = {"shape": dict(zip("BHNd", shape)), "cases": {}}
+    if key_padding is not None:
+        result["key_lengths"] = (~inputs[-1]).sum(dim=-1).tolist()
     for case in cases:
         entry = {f"{kind}_s": statistics.median(times) for kind, times in samples[case.label].items()}
         entry["samples_s"] = samples[case.label]
@@ -185,12 +224,20 @@ def check_targets(results: dict[str, dict]) -> list[dict]:
         if n == 4096 and quadratic and "poly1/associative" in cases:
             speedup = cases[quadratic]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
             checks.append(_check(f"poly1/associative speed-up over {quadratic} (fwd+bwd) at {name}", speedup, 50, at_most=False))
+            if "key_lengths" in result:  # LRA: linear time against softmax itself, with padding
+                speedup = cases[BASELINE]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
+                checks.append(_check(f"poly1/associative speed-up over {BASELINE} (fwd+bwd) at {name}", speedup, 5, at_most=False))
+        for softmax in (label for label in cases if label.startswith(BASELINE + "+")):
+            twin = _first_present(cases, "poly3", softmax[len(BASELINE):])
+            if twin:
+                ratio = cases[twin]["fwd_bwd_s"] / cases[softmax]["fwd_bwd_s"]
+                checks.append(_check(f"{twin} fwd+bwd time / {softmax} at {name}", ratio, 1.0))
     return checks
 
 
-def _first_present(cases: dict, activation: str) -> str | None:
-    """The label of ``activation`` on the first of ``TARGET_KERNELS`` that ran."""
-    return next((f"{activation}/{k}" for k in TARGET_KERNELS if f"{activation}/{k}" in cases), None)
+def _first_present(cases: dict, activation: str, suffix: str = "") -> str | None:
+    """The label of ``activation`` (``suffix``: e.g. its dropout twin) on the first of ``TARGET_KERNELS`` that ran."""
+    return next((f"{activation}/{k}{suffix}" for k in TARGET_KERNELS if f"{activation}/{k}{suffix}" in cases), None)
 
 
 def format_table(results: dict[str, dict]) -> str:
@@ -233,6 +280,16 @@ def machine(device: str = "cpu") -> dict:
     }
 
 
+def _parse_fractions(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"key padding {text!r}: expected LO-HI fractions, e.g. 0-0.5") from None
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise argparse.ArgumentTypeError(f"key padding {text!r}: expected 0 <= LO <= HI <= 1")
+    return lo, hi
+
+
 def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for item in text.split(","):
@@ -249,40 +306,52 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--shapes", type=_parse_shapes, default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)} or BxHxNxd (default: all)"
+        "--shapes", type=_parse_shapes, default=",".join(DEFAULT_SHAPES),
+        help=f"comma list of {', '.join(SHAPES)} or BxHxNxd (default: {','.join(DEFAULT_SHAPES)})"
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default: cpu)")
+    parser.add_argument(
+        "--key-padding", type=_parse_fractions, default=None, metavar="LO-HI",
+        help="pad the last LO..HI fraction of each sequence's keys (spread over the batch), e.g. 0-0.5",
+    )
+    parser.add_argument("--dropout", type=float, default=0.0, help="also run each case that has dropout with this dropout_p")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: PyTorch sees no CUDA device here")
 
-    cases = [c for c in CASES if c.device in (None, args.device)]
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout {args.dropout}: expected 0 <= p < 1")
+    all_cases = CASES + (dropout_twins(CASES, args.dropout) if args.dropout else [])
+    cases = [c for c in all_cases if c.device in (None, args.device)]
     if args.device == "cpu" and not cpp.load():
         print("the C++ kernels are unavailable (see the warning); the fused_cpu cases are left out", file=sys.stderr)
         cases = [c for c in cases if not c.label.endswith("/fused_cpu")]
     if args.cases:
         wanted = set(args.cases.split(",")) | {BASELINE}
-        unknown = wanted - {c.label for c in CASES}
+        unknown = wanted - {c.label for c in all_cases}
         if unknown:
-            parser.error(f"unknown cases {sorted(unknown)}; known: {[c.label for c in CASES]}")
+            parser.error(f"unknown cases {sorted(unknown)}; known: {[c.label for c in all_cases]}")
         cases = [c for c in cases if c.label in wanted]
 
-    results = {}
+    results, load_before = {}, os.getloadavg()
     for name, shape in args.shapes.items():
         print(f"running {name} {shape} ...", file=sys.stderr, flush=True)
-        results[name] = run_shape(name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device)
+        results[name] = run_shape(
+            name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device, key_padding=args.key_padding
+        )
     checks = check_targets(results)
     print(format_table(results))
     for check in checks:
         print(f"{'MET ' if check['met'] else 'MISS'} {check['target']}: {check['value']:.2f}")
     if args.json:
         command = " ".join(["python -m polyattn_lightning.bench attention", *argv])
-        report = {"command": command, "machine": machine(args.device), "results": results, "targets": checks}
+        report = {"command": command, "machine": {**machine(args.device), "load_average_before": load_before},
+                  "results": results, "targets": checks}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0

@@ -38,3 +38,23 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys, monkeypatch):
         main(["attention", "--device", "cuda", "--shapes", "1x1x8x4"])
     assert exit_info.value.code == 2
     assert "--device cuda: PyTorch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_lra_cases_pad_keys_and_add_dropout_twins(tmp_path):
+    """``--key-padding`` pads each sequence's tail (naive cases, which take no mask, are left out);
+    ``--dropout`` adds a twin of each case whose kernel has dropout; poly3 is checked against softmax's twin."""
+    out = tmp_path / "bench.json"
+    cases = "softmax/sdpa+dropout0.1,poly3/fused_cpu+dropout0.1,poly1/associative,poly3/fused_cpu,poly3/naive"
+    argv = ["attention", "--shapes", "3x1x64x4", "--repeats", "1", "--no-memory", "--key-padding", "0-0.5",
+            "--dropout", "0.1", "--cases", cases, "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    result = report["results"]["3x1x64x4"]
+    assert result["key_lengths"] == [64, 48, 32]
+    assert set(result["cases"]) == {"softmax/sdpa", "softmax/sdpa+dropout0.1", "poly3/fused_cpu",
+                                    "poly3/fused_cpu+dropout0.1", "poly1/associative"}
+    targets = [check["target"] for check in report["targets"]]
+    assert "poly3/fused_cpu+dropout0.1 fwd+bwd time / softmax/sdpa+dropout0.1 at 3x1x64x4 <= 1.0" in targets
+    labels = {case.label for case in bench.dropout_twins(bench.CASES, 0.2)}
+    assert {"softmax/sdpa+dropout0.2", "poly3/blocked+dropout0.2"} <= labels
+    assert not any(label.startswith(("poly1/associative", "poly3/naive")) for label in labels)
