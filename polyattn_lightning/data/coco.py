@@ -53,8 +53,8 @@ def _mmdet():
     return CocoDataset, TRANSFORMS, pseudo_collate
 
 
-def read_annotations(ann_file: Path, img_dir: Path) -> list[str]:
-    """Check a COCO annotation file against its image folder; returns its category names in file order.
+def read_annotations(ann_file: Path, img_dir: Path) -> list[dict]:
+    """Check a COCO annotation file against its image folder; returns its categories in file order.
 
     Every annotation must name a listed image and a listed category, and every
     listed image must be a file in ``img_dir``.
@@ -87,7 +87,7 @@ def read_annotations(ann_file: Path, img_dir: Path) -> list[str]:
         listed = ", ".join(f"id {i}: {name}" for i, name in absent[:5])
         raise COCODataError(f"{ann_file} lists {len(absent)} image(s) missing from {img_dir} ({listed}"
                             + (", ...)" if len(absent) > 5 else ")"))
-    return [cat["name"] for cat in coco["categories"]]
+    return coco["categories"]
 
 
 def check_classes(configured: list[str] | None, in_file: list[str], ann_file: Path) -> list[str]:
@@ -186,6 +186,7 @@ class COCODataModule(pl.LightningDataModule):
         self.synthetic_root = synthetic_root
         self.train_set = self.val_set = None
         self.class_names: list[str] | None = None
+        self.category_ids: list[int] | None = None  # the annotation file's id of each class, by label
 
     # ---- where the data is -------------------------------------------------------------------------
 
@@ -227,11 +228,12 @@ class COCODataModule(pl.LightningDataModule):
         splits = ["train2017", "val2017"] if stage == "fit" else ["val2017"]
         for split in splits:
             ann_file, img_dir = self.split_paths(split)
-            classes = check_classes(self.classes, read_annotations(ann_file, img_dir), ann_file)
+            categories = read_annotations(ann_file, img_dir)
+            classes = check_classes(self.classes, [cat["name"] for cat in categories], ann_file)
             if self.class_names is not None and classes != self.class_names:
                 raise COCODataError(f"the categories of {ann_file} ({classes}) differ from those of the other "
                                     f"split ({self.class_names})")
-            self.class_names = classes
+            self.class_names, self.category_ids = classes, [cat["id"] for cat in categories]
         if stage == "fit":
             self.train_set = self._dataset("train2017", train=True)
         self.val_set = self._dataset("val2017", train=False)
