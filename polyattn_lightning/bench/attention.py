@@ -1,7 +1,7 @@
 """Attention benchmark: every activation and kernel against SDPA softmax, same shapes, same run.
 
 ``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5]
-[--device cpu|cuda] [--key-padding 0-0.5] [--dropout 0.1] [--json out.json]``
+[--device cpu|cuda] [--dtype float32|bfloat16|float16] [--key-padding 0-0.5] [--dropout 0.1] [--json out.json]``
 
 ``--key-padding LO-HI`` pads the last LO..HI of each sequence's keys (spread
 evenly over the batch) and passes that ``key_padding_mask`` to every case, as
@@ -114,11 +114,12 @@ def padding_mask(batch: int, n: int, fractions: tuple[float, float]) -> Tensor:
 
 
 def _inputs(
-    shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0, key_padding: tuple[float, float] | None = None
+    shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0, key_padding: tuple[float, float] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, ...]:
     """``(q, k, v, grad, key_padding_mask or None)``."""
     generator = torch.Generator().manual_seed(seed)
-    q, k, v, grad = (torch.randn(shape, generator=generator).to(device) for _ in range(4))
+    q, k, v, grad = (torch.randn(shape, generator=generator).to(device, dtype) for _ in range(4))
     mask = None if key_padding is None else padding_mask(shape[0], shape[2], key_padding).to(device)
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad, mask
 
@@ -183,10 +184,10 @@ def peak_bytes(case: Case, inputs) -> int:
 
 def run_shape(
     name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu",
-    key_padding: tuple[float, float] | None = None,
+    key_padding: tuple[float, float] | None = None, dtype: torch.dtype = torch.float32,
 ) -> dict:
     cases = [c for c in cases if (c.max_n is None or shape[2] <= c.max_n) and (c.masks or key_padding is None)]
-    inputs = _inputs(shape, device, key_padding=key_padding)
+    inputs = _inputs(shape, device, key_padding=key_padding, dtype=dtype)
     samples = time_cases(cases, inputs, repeats)
     result = {"shape": dict(zip("BHNd", shape)), "cases": {}}
     if key_padding is not None:
@@ -313,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default: cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="dtype of q, k, v (default: float32)")
     parser.add_argument(
         "--key-padding", type=_parse_fractions, default=None, metavar="LO-HI",
         help="pad the last LO..HI fraction of each sequence's keys (spread over the batch), e.g. 0-0.5",
@@ -342,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape in args.shapes.items():
         print(f"running {name} {shape} ...", file=sys.stderr, flush=True)
         results[name] = run_shape(
-            name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device, key_padding=args.key_padding
+            name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device, key_padding=args.key_padding,
+            dtype=getattr(torch, args.dtype),
         )
     checks = check_targets(results)
     print(format_table(results))
