@@ -215,5 +215,5 @@ class LRADataModule(ImageDataModule):
 
     def require_file(self, path: Path) -> Path:
         if not path.is_file():
-            raise FileNotFoundError(f"missing {path}; expected layout under {self.root}:\n{self.layout}")
+            raise FileNotFoundError(f"missing {path}; expected layout:\n{self.layout}")
         return path

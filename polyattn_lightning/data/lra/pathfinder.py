@@ -62,7 +62,7 @@ class PathfinderDataModule(LRADataModule):
         meta_dir = base / "metadata"
         files = sorted(meta_dir.glob("*.npy"), key=_metadata_order) if meta_dir.is_dir() else []
         if not files:
-            raise FileNotFoundError(f"no metadata files {meta_dir}/*.npy; expected layout under {self.root}:\n{self.layout}")
+            raise FileNotFoundError(f"no metadata files {meta_dir}/*.npy; expected layout:\n{self.layout}")
         samples = []
         for path in files:
             for line_no, line in enumerate(path.read_text().splitlines(), 1):
@@ -80,7 +80,7 @@ class PathfinderDataModule(LRADataModule):
         try:
             with Image.open(path) as image:
                 pixels = np.asarray(image if image.mode == "L" else image.convert("L"))
-        except (OSError, ValueError):  # missing, empty (PIL: cannot identify), truncated, corrupt
+        except (OSError, ValueError, SyntaxError):  # missing, empty (PIL: cannot identify), truncated, corrupt
             return None
         if pixels.shape != (self.resolution, self.resolution):
             raise ValueError(f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}")

@@ -52,7 +52,7 @@ class IMDbDataModule(LRADataModule):
             class_dir = folder / name
             files = sorted(class_dir.glob("*.txt")) if class_dir.is_dir() else []
             if not files:
-                raise FileNotFoundError(f"no reviews in {class_dir}; expected layout under {self.root}:\n{self.layout}")
+                raise FileNotFoundError(f"no reviews in {class_dir}; expected layout:\n{self.layout}")
             for path in files:
                 review = path.read_bytes().strip()
                 if not review:
