@@ -33,6 +33,16 @@ AXIS_LABELS = {
 Series = dict[tuple[str, int], list[tuple[int, float]]]  # (quantity, layer) -> [(step, value)]
 
 
+class _PlainLoader(yaml.SafeLoader):
+    """Reads Lightning's ``hparams.yaml`` safely: its ``!!python/object`` values become plain mappings."""
+
+
+_PlainLoader.add_multi_constructor(
+    "tag:yaml.org,2002:python/",
+    lambda loader, suffix, node: loader.construct_mapping(node) if isinstance(node, yaml.MappingNode) else None,
+)
+
+
 def find_runs(roots: list[Path]) -> list[Path]:
     """Directories below ``roots`` (or the roots) holding TensorBoard event files or a ``metrics.csv``."""
     runs = []
@@ -76,7 +86,7 @@ def run_label(run: Path, root: Path) -> str:
         path = run / file
         if not path.is_file():
             continue
-        node = yaml.safe_load(path.read_text()) or {}
+        node = yaml.load(path.read_text(), Loader=_PlainLoader) or {}
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:

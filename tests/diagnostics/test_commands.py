@@ -1,0 +1,80 @@
+"""`polyattn maps` from a checkpoint made here and `polyattn sweep` on the digits quickstart, through the CLI."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from polyattn_lightning import cli
+from polyattn_lightning.data import DigitsDataModule
+from polyattn_lightning.tasks import ClassificationModule
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "classification" / "quickstart.yaml"
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A 3-layer digits ViT trained two steps and saved by Lightning."""
+    pl.seed_everything(0)
+    module = ClassificationModule("vit_tiny_patch16_224", num_classes=10, attention="relu", img_size=16,
+                                  model_kwargs=dict(patch_size=4, embed_dim=32, depth=3, num_heads=2))
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=16))
+    path = tmp_path / "run.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def digit_png(path: Path, index: int) -> Path:
+    """One of scikit-learn's digits as an 8x8 grey PNG file."""
+    pixels = (load_digits().images[index] * 255 / 16).astype(np.uint8)
+    Image.fromarray(pixels, mode="L").save(path)
+    return path
+
+
+def test_maps_command_writes_pngs_of_the_expected_size(tmp_path, checkpoint):
+    images = [digit_png(tmp_path / f"digit{i}.png", i) for i in range(2)]
+    out = tmp_path / "maps"
+    cli.main(["maps", "--ckpt", str(checkpoint), "--image", str(images[0]), "--image", str(images[1]),
+              "--layer", "1", "--layer", "model.blocks.2.attn", "--head", "1", "--out", str(out),
+              "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"])
+    # heat maps: 2 layers x 1 head -> 7.0 x (2 * 2.8 + 0.6) in; overlay: 2 layers x 2 images -> 7.0 x (2 * 3.0 + 0.6) in
+    with Image.open(out / "heatmaps.png") as heat, Image.open(out / "overlay.png") as overlay:
+        assert heat.size == (700, 620)
+        assert overlay.size == (700, 660)
+        assert np.asarray(heat.convert("L")).std() > 10  # not a blank canvas
+
+
+def test_maps_command_names_a_bad_head(tmp_path, checkpoint):
+    image = digit_png(tmp_path / "digit.png", 0)
+    with pytest.raises(ValueError, match=r"has heads 0\.\.1; got \[5\]"):
+        cli.main(["maps", "--ckpt", str(checkpoint), "--image", str(image), "--head", "5", "--out", str(tmp_path)])
+
+
+def test_sweep_on_digits_writes_csv_and_png(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "sweep.png"
+    cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "0.1", "1", "--lengths", "16", "4", "--steps", "2",
+              "--out", str(out)])
+    with open(out.with_suffix(".csv"), newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [(int(r["tokens"]), int(r["patch_size"]), float(r["scale"])) for r in rows] == [
+        (16, 4, 0.1), (16, 4, 1.0), (4, 8, 0.1), (4, 8, 1.0)
+    ]
+    assert all(0 <= float(r["val_top1"]) <= 1 and r["activation"].startswith("poly3") for r in rows)
+    with Image.open(out) as image:
+        assert image.size == (750, 500)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.png"]  # the runs kept nothing
+
+
+def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path):
+    with pytest.raises(ValueError, match=r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1"):
+        cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8", "--out", str(tmp_path / "s.png")])
