@@ -9,12 +9,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 
 from ..data.resumable import ResumableDataLoader
 
 #: The checkpoint key: a list of RNG state dicts indexed by global rank.
 RNG_KEY = "rng_states"
+#: The checkpoint key: the ``max_epochs`` and ``max_steps`` of the run that saved it, which its lr schedule was made for.
+LIMITS_KEY = "trainer_limits"
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -54,6 +57,13 @@ class ExactResume(Callback):
     Both are restored in ``on_train_start``: after the sanity check, before the
     first batch is drawn, which is where the original run stood when it saved.
     Resuming on another number of ranks restores no RNG state (with a warning).
+
+    * Schedule: the lr scheduler's state comes from the checkpoint (timm's
+      schedulers store every parameter, the length of the cosine included), so a
+      resumed run keeps the schedule of the run that saved it; a larger
+      ``max_epochs`` trains on at the schedule's final lr rather than stretching
+      it. A fit resumed with other ``max_epochs``/``max_steps`` than the
+      checkpoint's gets one warning saying so.
     """
 
     def __init__(self) -> None:
@@ -68,11 +78,22 @@ class ExactResume(Callback):
         else:
             states = [state]
         checkpoint[RNG_KEY] = states
+        checkpoint[LIMITS_KEY] = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         self._rng_states = checkpoint.get(RNG_KEY)
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])
+        saved = checkpoint.get(LIMITS_KEY)
+        now = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
+        if trainer.state.fn == TrainerFn.FITTING and saved is not None and saved != now:
+            rank_zero_warn(
+                f"resuming from {trainer.ckpt_path} with {_limits(now)}, but the run that saved it had"
+                f" {_limits(saved)}: the resumed run keeps the checkpoint's lr schedule (it is not stretched or"
+                " shortened; steps past its end train at its final lr). To train on with a schedule of its own,"
+                " start a new run from the checkpoint's weights without --ckpt_path (classification:"
+                f" --model.init_args.pretrained {trainer.ckpt_path})"
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_loader_position(trainer)
@@ -96,3 +117,7 @@ class ExactResume(Callback):
         for loader, state in zip(stateful, states):
             if isinstance(loader, ResumableDataLoader):  # it starts iterating lazily, so a late load is in time
                 loader.load_state_dict(state)
+
+
+def _limits(limits: dict[str, int]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in limits.items())

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from .resumable import ResumableDataLoader, eval_sampler
+from .resumable import ResumableDataLoader, eval_loader
 
 
 class CorruptImageError(RuntimeError):
@@ -89,19 +89,17 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
-        # training resumes mid-epoch; evaluation counts every sample once under DDP
-        loader_class = ResumableDataLoader if train else DataLoader
-        return loader_class(
-            dataset,
+        settings = dict(
             batch_size=self.batch_size,
-            shuffle=train,
-            sampler=None if train else eval_sampler(dataset, self.trainer),
-            drop_last=train,  # Mixup needs even, full batches
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
         )
+        # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once under DDP
+        if train:
+            return ResumableDataLoader(dataset, shuffle=True, drop_last=True, **settings)  # Mixup needs even, full batches
+        return eval_loader(dataset, self.trainer, **settings)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

@@ -12,21 +12,32 @@ them. Its order is a function of the seed and the epoch only, the very
 permutation DistributedSampler draws, so one process with batch ``2B`` and two
 DDP ranks with batch ``B`` see the same global batches.
 
+Random draws per sample: :class:`SeededDataset` (every ResumableDataLoader
+wraps its dataset in one) seeds python ``random``, ``numpy.random`` and torch's
+CPU generator before each sample with a seed that is a function of ``(seed,
+epoch, sample index)`` only, so a sample's augmentation is the same whichever
+worker, rank or run loads it: a run resumed mid-epoch with loader workers
+continues bitwise, and one process with batch ``2B`` augments like two ranks.
+
 Evaluating: under DDP Lightning gives evaluation loaders a DistributedSampler,
 which pads the set to a multiple of the world size with repeated samples, and
 the repeats count in the metrics. :func:`eval_sampler` splits the set across
-ranks without repeats (Lightning's own ``UnrepeatedDistributedSampler``).
+ranks without repeats (Lightning's own ``UnrepeatedDistributedSampler``);
+:func:`eval_loader` uses it and gives the loader a generator of its own.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from typing import Iterator
+import random
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
 
 
 class EpochShuffleSampler(RandomSampler):
@@ -39,7 +50,7 @@ class EpochShuffleSampler(RandomSampler):
 
     def __init__(self, data_source: Dataset):
         super().__init__(data_source)
-        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.seed = global_seed()
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -50,31 +61,95 @@ class EpochShuffleSampler(RandomSampler):
         return iter(torch.randperm(len(self.data_source), generator=generator).tolist())
 
 
+def global_seed() -> int:
+    """The run's seed: ``PL_GLOBAL_SEED``, which ``seed_everything`` sets (0 without it)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's random draws: a function of ``(seed, epoch, index)`` and of nothing else."""
+    return int(np.random.SeedSequence((seed % 2**32, epoch, index)).generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def _kept_rng_state() -> Iterator[None]:
+    """Restore python, numpy and torch CPU RNG states afterwards: the main process's draws go on undisturbed."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+class SeededDataset(Dataset):
+    """Any map-style dataset whose every sample draws its random numbers from a seed of its own.
+
+    Indexed with ``(index, seed)`` pairs (what :class:`ResumableBatchSampler` yields), it seeds
+    python ``random``, ``numpy.random`` and torch's CPU generator with ``seed``, then returns
+    ``dataset[index]``. Transforms that draw from those global RNGs (torchvision, timm's RandAugment
+    and random erasing, mmdet/mmcv pipelines) then augment a sample identically whichever loader
+    worker, DDP rank or resumed run loads it: the draws depend on ``(seed, epoch, index)`` through
+    :func:`sample_seed`, not on what the worker loaded before. In a loader worker the global RNGs are
+    the worker's own; in the main process (``num_workers=0``) they are restored after each sample,
+    so dropout, drop path and Mixup/CutMix draws do not depend on data loading. A transform with a
+    ``torch.Generator`` of its own, or CUDA draws, are not covered.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, seed = key
+        in_worker = get_worker_info() is not None
+        with contextlib.nullcontext() if in_worker else _kept_rng_state():
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.default_generator.manual_seed(seed)
+            return self.dataset[index]
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped dataset's attributes (``classes``, ``metainfo``...)."""
+        if name == "dataset":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
 class ResumableBatchSampler(BatchSampler):
     """A BatchSampler whose next pass starts ``skip`` batches in; the skipped batches are never loaded.
 
-    A BatchSampler subclass, so Lightning can rebuild it around a DistributedSampler.
+    It yields ``(index, sample seed)`` pairs for a :class:`SeededDataset`, the seed taken from the
+    sampler's ``seed`` and ``epoch`` (EpochShuffleSampler's or DistributedSampler's). A BatchSampler
+    subclass, so Lightning can rebuild it around a DistributedSampler.
     """
 
     skip = 0
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        # A generator, so the skip is taken by the pass that is iterated: with workers, DataLoader asks
+        # for an iterator twice (building its worker iterator, then resetting it) and drops the first.
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        seed = getattr(self.sampler, "seed", None)
+        seed = global_seed() if seed is None else seed
+        epoch = getattr(self.sampler, "epoch", 0)
+        for batch in itertools.islice(super().__iter__(), skip, None):
+            yield [(index, sample_seed(seed, epoch, index)) for index in batch]
 
 
 class ResumableDataLoader(DataLoader):
     """A training DataLoader that Lightning resumes mid-epoch; it takes DataLoader's arguments.
 
-    With ``shuffle=True`` the order is an :class:`EpochShuffleSampler`'s. Worker
-    seeds are drawn from the loader's own generator, reseeded each epoch, so
-    iterating never consumes the global RNG (which a resumed run restores, see
-    :class:`~polyattn_lightning.callbacks.ExactResume`).
-
-    With ``num_workers=0`` a resumed run is bitwise identical to an
-    uninterrupted one. With workers, the order is still exact but random
-    augmentations after a mid-epoch resume are not: each worker's RNG restarts
-    from its seed rather than from where it stood.
+    With ``shuffle=True`` the order is an :class:`EpochShuffleSampler`'s. The
+    dataset is wrapped in a :class:`SeededDataset`, so each sample's random
+    augmentation depends on ``(seed, epoch, index)`` only; worker seeds are drawn
+    from the loader's own generator, so iterating never consumes the global RNG
+    (which a resumed run restores, see :class:`~polyattn_lightning.callbacks.ExactResume`).
+    A run resumed mid-epoch is thus bitwise identical to an uninterrupted one
+    with any number of workers, and so is a run with another ``num_workers``.
     """
 
     def __init__(
@@ -94,10 +169,12 @@ class ResumableDataLoader(DataLoader):
             batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
         if not isinstance(batch_sampler, ResumableBatchSampler):
             raise TypeError(f"ResumableDataLoader needs a ResumableBatchSampler, got {type(batch_sampler).__name__}")
+        if not isinstance(dataset, SeededDataset):  # Lightning rebuilds the loader from the wrapped one under DDP
+            dataset = SeededDataset(dataset)
         super().__init__(dataset, batch_sampler=batch_sampler, generator=generator or torch.Generator(), **kwargs)
         # DataLoader reports batch_size=None when given a batch sampler; code that sizes the global batch reads it.
         object.__setattr__(self, "batch_size", batch_sampler.batch_size)
-        self._seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self._seed = global_seed()
         self._epoch = 0
         self._batches_done = 0
         self._resume: dict[str, int] | None = None
@@ -120,6 +197,16 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Skip ``batches_done`` batches if the next pass is the saved epoch (not if that epoch had ended)."""
         self._resume = dict(state)
+
+
+def eval_loader(dataset: Dataset, trainer: pl.Trainer | None, **kwargs: Any) -> DataLoader:
+    """A validation/test/predict DataLoader (DataLoader's arguments): in order, each sample once across
+    DDP ranks (:func:`eval_sampler`), and with a generator of its own. Without one, DataLoader draws
+    its worker seeds from the global torch RNG at every pass, and evaluation inside a training run
+    would shift the training's later random draws (a resumed run, which skips the sanity check,
+    would then draw differently from the original run)."""
+    generator = torch.Generator().manual_seed(global_seed())
+    return DataLoader(dataset, shuffle=False, sampler=eval_sampler(dataset, trainer), generator=generator, **kwargs)
 
 
 def eval_sampler(dataset: Dataset, trainer: pl.Trainer | None) -> Sampler | None:

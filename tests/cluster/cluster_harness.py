@@ -5,11 +5,15 @@ trainer plumbing (checkpoint IO, callbacks, loaders), a few milliseconds a step.
 """
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import Dataset
 
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 from polyattn_lightning.data import DigitsDataModule
@@ -32,6 +36,37 @@ def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any 
 
 def digits(batch_size: int, val_fraction: float = 0.2) -> DigitsDataModule:
     return DigitsDataModule(img_size=8, batch_size=batch_size, val_fraction=val_fraction, num_workers=0)
+
+
+def jitter(image: torch.Tensor) -> torch.Tensor:
+    """A random augmentation that draws from python's, numpy's and torch's global RNGs, as real transforms do."""
+    if random.random() < 0.5:
+        image = image.flip(-1)
+    return image + 0.1 * torch.randn_like(image) + float(np.random.uniform(-0.2, 0.2))
+
+
+class Augmented(Dataset):
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label = self.dataset[index]
+        return jitter(image), label
+
+
+class AugmentedDigits(DigitsDataModule):
+    """Digits with :func:`jitter` on the training images, loaded by ``num_workers`` workers."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        self.train_set = Augmented(self.train_set)
+
+
+def augmented_digits(batch_size: int, num_workers: int = 0) -> AugmentedDigits:
+    return AugmentedDigits(img_size=8, batch_size=batch_size, num_workers=num_workers)
 
 
 def cpu_trainer(**overrides: Any) -> pl.Trainer:

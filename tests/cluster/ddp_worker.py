@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard
+from polyattn_lightning.distributed import distributed_teardown
 
 GLOBAL_BATCH, STEPS, POISONED_STEP = 32, 4, 2
 VAL_FRACTION = 0.1002  # 181 validation images: odd, so 2 ranks cannot split it evenly
@@ -72,10 +73,14 @@ def run(devices: int, out_dir: Path) -> dict:
             "world_size": trainer.world_size, "val_set_size": len(data.val_set)}
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
+@distributed_teardown()  # as cli.main: without it a gloo thread can abort the finished process at exit
+def main(out: Path) -> None:
     result = run(2, out)
     if result["world_size"] != 2:
         sys.exit(f"expected 2 DDP ranks, got {result['world_size']}")
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "result.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,12 +1,15 @@
 """The resumable training loader and the evaluation sampler, without a trainer."""
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from polyattn_lightning.data.resumable import ResumableDataLoader, eval_sampler
+from polyattn_lightning.data.resumable import ResumableDataLoader, eval_loader, eval_sampler
 
 
 class CountingDataset(Dataset):
@@ -19,6 +22,24 @@ class CountingDataset(Dataset):
     def __getitem__(self, index: int) -> int:
         self.loaded += 1
         return index
+
+
+class RandomDraws(Dataset):
+    """Each sample is its index and one draw from each global RNG, as a random augmentation makes."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, random.random(), np.random.rand(), torch.rand(()).item()], dtype=torch.float64)
+
+
+def rng_states() -> tuple:
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+
+
+def draws_by_index(loader, number: int) -> dict[int, list[float]]:
+    return {int(row[0]): row[1:] for batch in epoch(loader, number) for row in batch}
 
 
 def epoch(loader, number: int) -> list[list[int]]:
@@ -70,3 +91,44 @@ def test_eval_sampler_splits_an_odd_set_across_ranks_without_repeats():
     assert [len(s) for s in shares] == [91, 90]
     assert sorted(shares[0] + shares[1]) == list(range(181))
     assert eval_sampler(dataset, SimpleNamespace(world_size=1, global_rank=0)) is None
+
+
+@pytest.mark.slow  # loader worker processes
+def test_resuming_mid_epoch_with_persistent_workers_skips_the_finished_batches():
+    def loader(data):
+        return ResumableDataLoader(data, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+
+    reference = epoch(loader(CountingDataset(40)), 1)
+    resumed = loader(CountingDataset(40))
+    resumed.load_state_dict({"epoch": 1, "batches_done": 6})  # DataLoader asks its batch sampler twice here
+    assert epoch(resumed, 1) == reference[6:]
+    assert epoch(resumed, 2) == epoch(loader(CountingDataset(40)), 2)  # the persistent workers' next epoch is whole
+
+
+def test_a_samples_random_draws_depend_on_seed_epoch_and_index_only(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")
+    before = rng_states()
+    by_4 = draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=4, shuffle=True), 0)
+    assert rng_states() == before  # loading in the main process leaves dropout's, drop path's and Mixup's RNGs alone
+    random.random(), np.random.rand(), torch.rand(())  # nor does the main process's RNG reach the samples
+    assert draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=6, shuffle=True), 0) == by_4
+    assert len({tuple(draws) for draws in by_4.values()}) == 24  # every sample its own draws
+    next_epoch = draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=4, shuffle=True), 1)
+    assert all(next_epoch[i] != by_4[i] for i in by_4)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "4")
+    other_seed = draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=4, shuffle=True), 0)
+    assert all(other_seed[i] != by_4[i] for i in by_4)
+
+
+@pytest.mark.slow  # loader worker processes
+def test_a_samples_random_draws_do_not_depend_on_the_worker_that_loads_it():
+    in_process = draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=4, shuffle=True), 2)
+    workers = ResumableDataLoader(RandomDraws(), batch_size=3, shuffle=True, num_workers=2, persistent_workers=True)
+    assert draws_by_index(workers, 2) == in_process
+
+
+def test_evaluation_loaders_leave_the_global_rng_alone():
+    before = rng_states()
+    batches = list(eval_loader(CountingDataset(10), None, batch_size=4))
+    assert rng_states() == before  # a plain DataLoader draws its worker seed from the global torch RNG at every pass
+    assert torch.cat(batches).tolist() == list(range(10))

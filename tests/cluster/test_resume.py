@@ -1,9 +1,11 @@
 """Exact resume: a run killed and resumed from its last checkpoint matches an uninterrupted run bit for bit.
 
 Covered: weights, optimizer moments, lr schedule, the EMA of the weights, the
-order of the data, and the logged loss curve; with Mixup/CutMix and drop path
-on, so the RNG states in the checkpoint matter. Both a checkpoint taken at the
-end of an epoch and one taken in the middle (which needs the resumable loader).
+order and augmented pixels of the data, and the logged loss curve; with
+Mixup/CutMix, drop path, random augmentation and validation on, so the RNG
+states in the checkpoint matter. Both a checkpoint taken at the end of an epoch
+and one taken in the middle (which needs the resumable loader), also with two
+persistent loader workers. And a resumed run keeps its checkpoint's lr schedule.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from cluster_harness import MemoryLogger, cpu_trainer, digits, tiny_classifier
+from cluster_harness import MemoryLogger, augmented_digits, cpu_trainer, tiny_classifier
 from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 
 from polyattn_lightning.callbacks import ExactResume
@@ -44,27 +46,35 @@ class RecordBatches(Callback):
         self.seen.append((trainer.global_step, batch_idx, images.numpy().tobytes() + targets.numpy().tobytes()))
 
 
-def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None) -> dict:
+class RecordLR(Callback):
+    def __init__(self) -> None:
+        self.lr: dict[int, float] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.lr[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None, num_workers=0, max_epochs=EPOCHS) -> dict:
     """Fit 3 epochs of 4 steps (or until killed); returns what must match across runs."""
     pl.seed_everything(0, workers=True)
-    model, logger, record = tiny_classifier(mixup=True, drop_path=0.1), MemoryLogger(), RecordBatches()
+    model, logger, record, lr = tiny_classifier(mixup=True, drop_path=0.1), MemoryLogger(), RecordBatches(), RecordLR()
     ema = EMAWeightAveraging(decay=0.9)
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir, save_last=True, every_n_train_steps=every_n_train_steps
     )
     trainer = cpu_trainer(
-        max_epochs=EPOCHS,
+        max_epochs=max_epochs,
         limit_train_batches=STEPS_PER_EPOCH,
         limit_val_batches=2,
         log_every_n_steps=1,
         logger=logger,
         enable_checkpointing=True,
-        callbacks=[ema, ExactResume(), record, KillAt(kill_at), checkpoint],
+        callbacks=[ema, ExactResume(), record, lr, KillAt(kill_at), checkpoint],
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*dataloader is not resumable.*")
         try:
-            trainer.fit(model, digits(batch_size=32), ckpt_path=ckpt_path)
+            trainer.fit(model, augmented_digits(batch_size=32, num_workers=num_workers), ckpt_path=ckpt_path)
         except Killed:
             return {}
     return {
@@ -74,6 +84,7 @@ def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None) -> d
         "lr_schedule": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
         "batches": record.seen,
         "loss": logger.history["train/loss"],
+        "lr": lr.lr,
     }
 
 
@@ -94,19 +105,22 @@ def assert_identical(a, b, path="run") -> None:
 
 
 @pytest.mark.parametrize(
-    "every_n_train_steps, kill_at, resumed_from",
+    "every_n_train_steps, kill_at, resumed_from, num_workers",
     [
-        (None, STEPS_PER_EPOCH + 2, STEPS_PER_EPOCH),  # end-of-epoch checkpoint, killed 2 steps into epoch 1
-        (3, 2 * STEPS_PER_EPOCH - 1, 2 * STEPS_PER_EPOCH - 2),  # mid-epoch checkpoint at step 6 (epoch 1, batch 2)
+        (None, STEPS_PER_EPOCH + 2, STEPS_PER_EPOCH, 0),  # end-of-epoch checkpoint, killed 2 steps into epoch 1
+        (3, 2 * STEPS_PER_EPOCH - 1, 2 * STEPS_PER_EPOCH - 2, 0),  # mid-epoch checkpoint at step 6 (epoch 1, batch 2)
+        # the same with 2 persistent workers: DataLoader asks the batch sampler for its first iterator twice,
+        # the workers' RNGs stand elsewhere after a restart, and validation has run in one run but not the other
+        pytest.param(3, 2 * STEPS_PER_EPOCH - 1, 2 * STEPS_PER_EPOCH - 2, 2, marks=pytest.mark.slow),
     ],
-    ids=["end_of_epoch", "mid_epoch"],
+    ids=["end_of_epoch", "mid_epoch", "mid_epoch_2_workers"],
 )
-def test_resumed_run_matches_uninterrupted_run(tmp_path, every_n_train_steps, kill_at, resumed_from):
-    reference = train(tmp_path / "reference", every_n_train_steps)
-    assert train(tmp_path / "killed", every_n_train_steps, kill_at=kill_at) == {}
+def test_resumed_run_matches_uninterrupted_run(tmp_path, every_n_train_steps, kill_at, resumed_from, num_workers):
+    reference = train(tmp_path / "reference", every_n_train_steps, num_workers=num_workers)
+    assert train(tmp_path / "killed", every_n_train_steps, kill_at=kill_at, num_workers=num_workers) == {}
     last = tmp_path / "killed" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == resumed_from
-    resumed = train(tmp_path / "killed", every_n_train_steps, ckpt_path=last)
+    resumed = train(tmp_path / "killed", every_n_train_steps, ckpt_path=last, num_workers=num_workers)
 
     # the resumed run picks up at the checkpoint's step, and from there on everything is the same
     assert resumed["batches"][0][0] == resumed_from
@@ -114,3 +128,21 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path, every_n_train_steps, ki
     assert resumed["loss"] == {s: v for s, v in reference["loss"].items() if s >= resumed_from}
     for key in ("weights", "ema", "optimizer", "lr_schedule"):
         assert_identical(resumed[key], reference[key], key)
+
+
+def test_resuming_with_more_epochs_keeps_the_checkpoints_schedule_and_warns_once(tmp_path):
+    reference = train(tmp_path / "reference", 3)
+    train(tmp_path / "killed", 3, kill_at=2 * STEPS_PER_EPOCH - 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        longer = train(tmp_path / "killed", 3, ckpt_path=tmp_path / "killed" / "last.ckpt", max_epochs=EPOCHS + 2)
+    about_schedule = [str(w.message) for w in caught if "keeps the checkpoint's lr schedule" in str(w.message)]
+    assert len(about_schedule) == 1, about_schedule
+    assert f"max_epochs={EPOCHS + 2}" in about_schedule[0] and f"max_epochs={EPOCHS}" in about_schedule[0]
+
+    # the steps both runs take have the same lr: the cosine is not stretched over the longer run...
+    end = EPOCHS * STEPS_PER_EPOCH
+    assert sorted(longer["lr"]) == list(range(2 * STEPS_PER_EPOCH - 2, (EPOCHS + 2) * STEPS_PER_EPOCH))
+    assert {s: lr for s, lr in longer["lr"].items() if s < end} == {s: lr for s, lr in reference["lr"].items() if s >= 2 * STEPS_PER_EPOCH - 2}
+    # ...and the extra epochs train at its final lr
+    assert all(lr == pytest.approx(1e-5) for s, lr in longer["lr"].items() if s > end)
