@@ -1,9 +1,10 @@
 """``python -m polyattn_lightning.bench <name> [options]``: run one benchmark by name."""
 from __future__ import annotations
 
+import importlib
 import sys
 
-BENCHMARKS = ("attention",)
+BENCHMARKS = ("attention", "detection", "diagnostics")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,9 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         print(f"usage: python -m polyattn_lightning.bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
         return 2
-    from . import attention
-
-    return attention.main(argv[1:])
+    benchmark = importlib.import_module(f".{argv[0]}", __package__)  # imported on use: detection needs mmdet
+    return benchmark.main(argv[1:])
 
 
 if __name__ == "__main__":
