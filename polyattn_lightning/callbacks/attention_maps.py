@@ -30,6 +30,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import move_data_to_device
 from matplotlib.figure import Figure  # pyplot-free: no GUI backend, nothing kept alive after saving
 from timm.models.swin_transformer import window_reverse
 from torch import Tensor, nn
@@ -262,6 +263,13 @@ class AttentionMaps(Callback):
         self._probe: Any = None
         self._dir: Path | None = None
         self._validations = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The probe, so that a resumed run draws the same samples."""
+        return {"probe": move_data_to_device(self._probe, "cpu"), "validations": self._validations}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._probe, self._validations = state_dict.get("probe"), state_dict.get("validations", 0)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._dir = Path(trainer.log_dir or trainer.default_root_dir) / "attention_maps"  # log_dir: every rank

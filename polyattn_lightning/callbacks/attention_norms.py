@@ -24,6 +24,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor, nn
 
 from ..attention.diagnostics import LayerRef, captured_norms, probe_attention, select_layers
@@ -72,8 +73,9 @@ def probe_batch(pl_module: pl.LightningModule, batch: Any, size: int) -> Any:
 
 
 def run_probe(pl_module: nn.Module, probe: Any) -> Any:
-    """``pl_module(probe)`` under the trainer's precision context when there is a trainer."""
-    args = probe if isinstance(probe, tuple) else (probe,)
+    """``pl_module(probe)`` on the module's device, under the trainer's precision context when there is a trainer."""
+    device = next(pl_module.parameters()).device
+    args = move_data_to_device(probe if isinstance(probe, tuple) else (probe,), device)
     trainer = getattr(pl_module, "_trainer", None)  # a plain nn.Module has none
     if trainer is None:
         return pl_module(*args)
@@ -98,6 +100,13 @@ class AttentionNorms(Callback):
         self.probe_size = probe_size
         self._probe: Any = None
         self._last_step = -1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The probe, so that a resumed run keeps measuring on the same samples."""
+        return {"probe": move_data_to_device(self._probe, "cpu")}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._probe = state_dict.get("probe")
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
