@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Lightning DDP without SLURM: torchrun starts one process per GPU and Lightning reads its environment.
+# Each rank tears its process group down before exiting (any backend), so torchrun's exit status is the run's.
 #
 # One node, every GPU:   scripts/torchrun.sh CONFIG [lightning fit arguments...]
 # Some GPUs:             CUDA_VISIBLE_DEVICES=0,1 GPUS=2 scripts/torchrun.sh CONFIG
