@@ -30,11 +30,13 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from .errors import MissingPathError, UserInputError
+
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
 T = TypeVar("T", bound=type)
 
 
-class CheckpointLoadError(RuntimeError):
+class CheckpointLoadError(UserInputError, RuntimeError):
     """A checkpoint file that cannot be loaded; the message names the file and says why."""
 
 
@@ -51,7 +53,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        raise MissingPathError(f"checkpoint file {path} not found")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is truncated or corrupt (empty file)")
     is_zip = _verify_zip_records(path)

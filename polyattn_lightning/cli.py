@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
+from .attention import get_activation
 from .checkpoint import CheckpointLoadError, load_checkpoint
+from .errors import DEBUG_ENV, EXIT_USER_ERROR, MissingPathError, UserInputError, reported
+from .tasks.models import check_model_name, resolve_pretrained_file
 from .distributed import distributed_teardown
 
 #: TensorBoardLogger's default run name, which the CLI replaces with the config file's name.
@@ -55,20 +62,117 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
 
+def short_parse_message(message: str) -> str:
+    """jsonargparse's message without its ``Does not validate against any of the Union subtypes`` dump: the
+    errors of the subtypes that were meant (not ``Expected a <class 'NoneType'>``), each on its own lines."""
+    if "Does not validate against any of the Union subtypes" not in message:
+        return message
+    head = message.split("Does not validate", 1)[0].strip()
+    body = message.split("Errors:", 1)[-1].split("Given value type:", 1)[0]
+    items = [item for item in re.split(r"\n\s*- ", "\n" + body.strip()) if item.strip()]
+    items = [item for item in items if not item.startswith("Expected a <class 'NoneType'>")] or items
+    lines = [line.strip() for item in items for line in item.splitlines() if line.strip()]
+    return " ".join([head, lines[0]]).strip() + "".join(f"\n  {line}" for line in lines[1:])
+
+
+class ShortErrorParser(LightningArgumentParser):
+    """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
+            return super().error(message, ex)
+        prog = self.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {short_parse_message(message)}\n"
+                         f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
+                         "e.g. ClassificationModule)\n")
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def init_args(component) -> dict:
+    """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
+    args = component.get("init_args") if hasattr(component, "get") else None
+    return args.as_dict() if hasattr(args, "as_dict") else dict(args or {})
+
+
+def check_config(config) -> None:
+    """Fail on what can be checked before any model is built: the attention spec, the timm model name,
+    the pretrained file (dropped beforehand when ``--ckpt_path`` is given) and the data paths (a DataModule
+    with a ``check_paths(**init_args)`` classmethod checks its own; data generated on first use has none)."""
+    model_args = init_args(config.get("model"))
+    checks = [
+        ("attention", get_activation),
+        ("model_name", check_model_name),
+        ("pretrained", lambda path: path and resolve_pretrained_file(path)),
+    ]
+    for key, check in checks:
+        if key in model_args:
+            try:
+                check(model_args[key])
+            except UserInputError as err:
+                raise type(err)(f"model.init_args.{key}: {err}") from err
+    data_config = config.get("data")
+    class_path = data_config.get("class_path") if hasattr(data_config, "get") else None
+    if class_path:
+        module, _, name = class_path.rpartition(".")
+        check_paths = getattr(getattr(importlib.import_module(module), name), "check_paths", None)
+        if check_paths is not None:
+            check_paths(**init_args(data_config))
+
+
+def activation_label(spec) -> str:
+    """A folder-name-safe label of an attention spec: ``relu``, ``poly3_scale0.0714``."""
+    if isinstance(spec, str):
+        label = spec
+    else:
+        options = dict(spec)
+        label = "_".join([str(options.pop("name", "attention")), *(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}"
+                                                                   for k, v in sorted(options.items()))])
+    return re.sub(r"[^\w.=-]+", "", label)
+
+
+def evaluation_dir(ckpt_path: str, subcommand: str) -> tuple[Path, str]:
+    """Where ``validate``/``test``/``predict`` of a checkpoint write: ``(folder, name)`` of
+    ``<run>/<subcommand>_<checkpoint stem>``, ``<run>`` being the folder above the checkpoint's ``checkpoints/``
+    (else the checkpoint's own folder)."""
+    ckpt = Path(ckpt_path)
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run_dir, f"{subcommand}_{ckpt.stem}"
+
+
 class PolyattnCLI(LightningCLI):
+    def init_parser(self, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` is an error, not max_epochs
+        return super().init_parser(**kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"trainer.precision": default_precision()})
+
+    def parse_arguments(self, parser, args) -> None:
+        self.given_args = [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``--ckpt_path``'s hyperparameters with a bare ``torch.load``, whose errors
         (``OSError: [Errno 22] Invalid argument`` for a truncated file) do not name the file: when that
-        fails, load the file the safe way, which raises a :class:`CheckpointLoadError` naming it and why."""
+        fails, load the file the safe way, which raises a :class:`CheckpointLoadError` naming it and why.
+        A local ``--ckpt_path`` that does not exist stops the run here, before any model is built."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path:
+            return super()._parse_ckpt_path()
+        if ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt_path):
+            if not Path(ckpt_path).is_file():
+                raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        before = init_args(self.config[subcommand].model)
         try:
             super()._parse_ckpt_path()
+            replaced = {key: value for key, value in init_args(self.config[subcommand].model).items()
+                        if key in before and before[key] != value}
+            if replaced:
+                rank_zero_info(f"checkpoint {ckpt_path}: its saved hyperparameters replace the config's: " + "; ".join(
+                    f"model.init_args.{key} {before[key]!r} -> {value!r}" for key, value in replaced.items()))
         except Exception:
-            subcommand = self.config.get("subcommand")
-            ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-            if not ckpt_path or not Path(ckpt_path).is_file():
+            if not Path(ckpt_path).is_file():
                 raise
             try:
                 load_checkpoint(ckpt_path)
@@ -77,42 +181,82 @@ class PolyattnCLI(LightningCLI):
             raise
 
     def before_instantiate_classes(self) -> None:
-        """Log to ``runs/<config name>/version_N`` unless the logger was given a name; with
-        ``--ckpt_path``, build the model without its ``pretrained`` file: the checkpoint's weights
-        replace those anyway, and resuming or evaluating a fine-tuned run must not need that file."""
+        """Log to ``runs/<config name>/version_N`` unless the logger was given a name (``<config name>_<activation>``
+        when ``--model.attention`` replaces the config's); ``validate``/``test``/``predict`` of a checkpoint log to
+        :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
+        checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
+        file. Then :func:`check_config`, so a bad name or path stops the run before any model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         logger, files = config.trainer.logger, config.get("config")
-        if files and hasattr(logger, "init_args") and logger.init_args.get("name") == DEFAULT_RUN_NAME:
-            logger.init_args.name = Path(str(files[-1])).stem
         model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
+        if files and hasattr(logger, "init_args") and logger.init_args.get("name") == DEFAULT_RUN_NAME:
+            name = Path(str(files[-1])).stem
+            if model_args is not None and any(re.match(r"--model\.(init_args\.)?attention\b", arg)
+                                              for arg in getattr(self, "given_args", [])):
+                name = f"{name}_{activation_label(model_args.attention)}"
+            logger.init_args.name = name
+        if self.subcommand in ("validate", "test", "predict") and config.get("ckpt_path") and hasattr(logger, "init_args"):
+            if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():
+                save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
+                logger.init_args.update({"save_dir": str(save_dir), "name": "", "version": version})
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
+        check_config(config)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Say where the run writes, run it, then list what it wrote. A run that fails before its first
+        training step removes the log folder it created (a config and an empty events file)."""
+        trainer = self.trainer
+        log_dir = trainer.log_dir if trainer.logger is not None and rank_zero_only.rank == 0 else None
+        log_dir = Path(log_dir) if log_dir else None  # fast_dev_run's DummyLogger has none
+        existed = log_dir is not None and log_dir.exists()
+        if log_dir is not None:
+            what = "logs, config and checkpoints/" if subcommand == "fit" else "logs and config"
+            rank_zero_info(f"{subcommand}: writing {what}{' and predictions/' if subcommand == 'predict' else ''} "
+                           f"to {log_dir}")
+        if subcommand != "fit":  # a checkpoint's ModelCheckpoint state names its run's folder: expected here
+            warnings.filterwarnings("ignore", message=r".*dirpath has changed")
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if log_dir is not None and not existed and trainer.global_step == 0 and log_dir.is_dir() \
+                    and not any(log_dir.rglob("*.ckpt")):
+                shutil.rmtree(log_dir, ignore_errors=True)
+                if log_dir.parent.is_dir() and not any(log_dir.parent.iterdir()):
+                    log_dir.parent.rmdir()
+            raise
+        if log_dir is not None and log_dir.is_dir():
+            files = sorted(str(path.relative_to(log_dir)) for path in log_dir.rglob("*") if path.is_file())
+            shown = files if len(files) <= 12 else [*files[:11], f"... ({len(files) - 11} more)"]
+            rank_zero_info(f"{subcommand}: wrote {log_dir}/: {', '.join(shown)}")
 
 
-def make_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[PolyattnCLI] | None = None) -> LightningCLI:
     """Parse ``args`` (``sys.argv`` when None) and, with ``run``, execute the subcommand."""
-    return PolyattnCLI(
+    return (cli_class or PolyattnCLI)(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         auto_configure_optimizers=False,  # the tasks build their own optimizer from their recipe
         save_config_callback=KeepingSaveConfigCallback,
+        parser_class=ShortErrorParser,
         args=args,
         run=run,
     )
 
 
-#: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep ...``, one module each in
-#: ``polyattn_lightning.commands`` with a ``main(argv)``.
-COMMANDS = ("maps", "norms", "sweep")
+#: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep|check-data ...``, one module
+#: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``.
+COMMANDS = ("maps", "norms", "sweep", "check-data")
 
 
+@reported  # a user-input error prints as one short `error: ...` line (POLYATTN_DEBUG=1: the traceback)
 @distributed_teardown()  # every verb ends with the process group torn down in order, on every backend
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point."""
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] in COMMANDS:
-        importlib.import_module(f"{__package__}.commands.{argv[0]}").main(argv[1:])
+        importlib.import_module(f"{__package__}.commands.{argv[0].replace('-', '_')}").main(argv[1:])
         return
     make_cli(args)

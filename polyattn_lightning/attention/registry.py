@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping, Union
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, UnknownNameError
+
 ElementwiseFn = Callable[[Tensor], Tensor]
 
 #: The length scales ``c(n)`` known by name; a float is a fixed scale.
@@ -62,15 +64,15 @@ class Activation:
         if self.fn is not None and self.grad is None:
             raise ValueError(f"activation {self.name!r}: an elementwise activation needs its derivative `grad`")
         if isinstance(self.scale, str) and self.scale not in LENGTH_SCALES:
-            raise ValueError(
+            raise ConfigError(
                 f"activation {self.name!r}: unknown scale {self.scale!r}; expected a float or one of {LENGTH_SCALES}"
             )
         if isinstance(self.scale, bool) or not isinstance(self.scale, (numbers.Real, str)):
-            raise ValueError(f"activation {self.name!r}: scale must be a float or a name, got {self.scale!r}")
+            raise ConfigError(f"activation {self.name!r}: scale must be a float or a name, got {self.scale!r}")
         if isinstance(self.scale, numbers.Real) and not self.scale > 0:
-            raise ValueError(f"activation {self.name!r}: scale must be positive, got {self.scale!r}")
+            raise ConfigError(f"activation {self.name!r}: scale must be positive, got {self.scale!r}")
         if self.shift not in (None, "neg_log_n"):
-            raise ValueError(f"activation {self.name!r}: unknown shift {self.shift!r}; expected None or 'neg_log_n'")
+            raise ConfigError(f"activation {self.name!r}: unknown shift {self.shift!r}; expected None or 'neg_log_n'")
 
     @property
     def is_softmax(self) -> bool:
@@ -188,7 +190,7 @@ def get_activation(spec: ActivationSpec, **overrides) -> Activation:
     if isinstance(spec, Mapping):
         options = dict(spec)
         if "name" not in options:
-            raise ValueError(f"an activation spec needs a 'name' key, got {dict(spec)!r}")
+            raise ConfigError(f"an activation spec needs a 'name' key, got {dict(spec)!r}")
         name = options.pop("name")
     elif isinstance(spec, str):
         name, options = spec, {}
@@ -216,11 +218,11 @@ def _resolve(name: str, options: dict) -> Activation:
                 factory, args = family_factory, (int(match.group(1)),)
                 break
         else:
-            raise KeyError(f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}")
+            raise UnknownNameError(f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}")
     try:  # check the options against the factory's signature, not errors raised inside it
         inspect.signature(factory).bind(*args, **options)
     except TypeError as err:
-        raise ValueError(f"bad options {options!r} for attention activation {name!r}: {err}") from None
+        raise ConfigError(f"bad options {options!r} for attention activation {name!r}: {err}") from None
     return factory(*args, **options)
 
 
@@ -237,7 +239,7 @@ def softmax() -> Activation:
 def poly(p: int, scale: float | str = "inv_sqrt_n") -> Activation:
     """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N))."""
     if p < 1:
-        raise ValueError(f"poly power must be an integer >= 1, got {p}")
+        raise ConfigError(f"poly power must be an integer >= 1, got {p}")
     fn, grad = partial(_power, p=p), partial(_power_grad, p=p)
     return Activation(f"poly{p}", fn, grad, scale=scale, kernel=("poly", p), associative=(p == 1))
 

@@ -15,7 +15,9 @@ class PredictionWriter(BasePredictionWriter):
     A file holds ``{"predictions": Tensor, "indices": Tensor}``: the concatenated
     ``predict_step`` outputs (class probabilities for classification) and the
     index of each row in the predict data set, so the ranks' files merge back
-    into data-set order.
+    into data-set order. For file-based data sets (a data set with ``samples``
+    of ``(path, label)``, e.g. image folders) it also holds ``"paths"``, each
+    row's file, and ``"classes"``, the DataModule's class names by index.
 
     A task whose predictions are not tensors (detections) writes its own format:
     if the LightningModule has ``save_predictions(predictions, out_dir)``, it is
@@ -34,10 +36,14 @@ class PredictionWriter(BasePredictionWriter):
             return
         outputs = torch.cat([p.cpu() for p in _flatten(predictions)])
         indices = torch.tensor(list(_flatten(batch_indices)), dtype=torch.long)
-        atomic_save(
-            {"predictions": outputs, "indices": indices},
-            out_dir / f"rank{trainer.global_rank}.pt",
-        )
+        saved = {"predictions": outputs, "indices": indices}
+        loaders = trainer.predict_dataloaders
+        dataset = (loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset
+        if hasattr(dataset, "samples"):
+            saved["paths"] = [str(dataset.samples[i][0]) for i in indices.tolist()]
+        if getattr(trainer.datamodule, "classes", None) is not None:
+            saved["classes"] = list(trainer.datamodule.classes)
+        atomic_save(saved, out_dir / f"rank{trainer.global_rank}.pt")
 
 
 def _flatten(items):

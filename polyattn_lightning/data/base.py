@@ -14,10 +14,11 @@ import lightning.pytorch as pl
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import DataError, MissingPathError
 from .resumable import ResumableDataLoader, eval_loader
 
 
-class CorruptImageError(RuntimeError):
+class CorruptImageError(DataError):
     """An image file that PIL cannot decode; the message names the file."""
 
 
@@ -53,9 +54,9 @@ class ImageList(Dataset):
 def require_dir(path: Path, layout: str) -> Path:
     """``path`` if it is a non-empty directory, else an error naming it and the expected layout."""
     if not path.is_dir():
-        raise FileNotFoundError(f"data directory {path} does not exist; expected layout:\n{layout}")
+        raise MissingPathError(f"data directory {path} does not exist; expected layout:\n{layout}")
     if not any(path.iterdir()):
-        raise FileNotFoundError(f"data directory {path} is empty; expected layout:\n{layout}")
+        raise MissingPathError(f"data directory {path} is empty; expected layout:\n{layout}")
     return path
 
 

@@ -19,6 +19,7 @@ class DigitsDataModule(ImageDataModule):
     """
 
     num_classes = 10
+    classes = [str(digit) for digit in range(10)]
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
+from ..errors import DataError, MissingPathError
 from .base import require_dir
 from .image_folder import ImageFolderDataModule, Samples
 from .transforms import AugmentRecipe
@@ -30,32 +31,41 @@ class TinyImageNetDataModule(ImageFolderDataModule):
         batch_size: int = 128,
         num_workers: int = 8,
         pin_memory: bool = True,
+        check_images: bool = False,
     ):
-        super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory)
+        """
+        Args:
+            root: the ``tiny-imagenet-200`` folder as unzipped (wnids.txt, train/, val/); relative paths are taken
+                from the working directory.
+            img_size: side of the square crops (64, the images' size); must equal the model's ``img_size``.
+            augment: training augmentation.
+            check_images: decode every image once before training and list all unreadable files.
+        """
+        super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory, check_images)
 
     def find_samples(self, root: Path) -> tuple[list[str], Samples, Samples]:
         wnids_file = root / "wnids.txt"
         annotations = root / "val" / "val_annotations.txt"
         for required in (wnids_file, annotations):
             if not required.is_file():
-                raise FileNotFoundError(f"missing {required}; expected layout:\n{self.layout}")
+                raise MissingPathError(f"missing {required}; expected layout:\n{self.layout}")
         classes = sorted(wnids_file.read_text().split())
         class_to_idx = {wnid: i for i, wnid in enumerate(classes)}
         try:
             train = make_dataset(require_dir(root / "train", self.layout), class_to_idx, extensions=IMG_EXTENSIONS)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"{root}: {err}; expected layout:\n{self.layout}") from None
+            raise MissingPathError(f"{root}: {err}; expected layout:\n{self.layout}") from None
         val = []
         for line_no, line in enumerate(annotations.read_text().splitlines(), 1):
             fields = line.split()  # tab-separated in the official file; other whitespace is taken too
             if not fields:
                 continue
             if len(fields) < 2:
-                raise ValueError(f"{annotations}:{line_no}: expected '<file>\\t<wnid>\\t...', got {line!r}")
+                raise DataError(f"{annotations}:{line_no}: expected '<file>\\t<wnid>\\t...', got {line!r}")
             name, wnid = fields[:2]
             if wnid not in class_to_idx:
-                raise ValueError(f"{annotations}:{line_no}: wnid {wnid!r} is not in {wnids_file}")
+                raise DataError(f"{annotations}:{line_no}: wnid {wnid!r} is not in {wnids_file}")
             val.append((str(root / "val" / "images" / name), class_to_idx[wnid]))
         if not val:
-            raise FileNotFoundError(f"{annotations} lists no images; expected layout:\n{self.layout}")
+            raise MissingPathError(f"{annotations} lists no images; expected layout:\n{self.layout}")
         return classes, train, val

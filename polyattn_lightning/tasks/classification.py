@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
@@ -15,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from ..attention import ActivationSpec
 from ..attention.timm_patch import set_attention
 from ..checkpoint import checkpoint_safe
+from ..errors import ConfigError
 from .models import create_timm_model
 from .optim import OptimRecipe, build_optimizer, build_scheduler, global_batch_size
 
@@ -101,14 +103,38 @@ class ClassificationModule(pl.LightningModule):
         return self.model(images)
 
     def setup(self, stage: str) -> None:
-        """Fail before any step if the model's class count disagrees with the data's."""
+        """Fail before any step if the model's class count or input size disagrees with the data's."""
         datamodule = self.trainer.datamodule
+        data_name = type(datamodule).__name__
         data_classes = getattr(datamodule, "num_classes", None)
         if data_classes is not None and data_classes != self.num_classes:
-            raise ValueError(
-                f"model num_classes={self.num_classes} but {type(datamodule).__name__} has {data_classes} classes; "
+            ckpt_path = self.trainer.ckpt_path
+            if ckpt_path:
+                raise ConfigError(
+                    f"checkpoint {ckpt_path} has num_classes={self.num_classes} (its saved hyperparameters replace "
+                    f"the config's model.init_args.num_classes) but {data_name} has {data_classes} classes; "
+                    "use it on data with the classes it was trained on, or fine-tune from it with "
+                    "--model.pretrained instead of --ckpt_path (the classifier is then re-initialised)"
+                )
+            raise ConfigError(
+                f"model.init_args.num_classes is {self.num_classes} but {data_name} has {data_classes} classes; "
                 f"set model.init_args.num_classes: {data_classes}"
             )
+        model_size = self.hparams.get("img_size")
+        data_size = getattr(datamodule, "img_size", None)
+        if model_size is not None and data_size is not None and model_size != data_size:
+            raise ConfigError(
+                f"model.init_args.img_size is {model_size} but data.init_args.img_size is {data_size}; "
+                "the model takes images of one size: set both to the same value"
+            )
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state)."""
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        rank_zero_info(
+            f"checkpoint {path or ''}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
+            f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')} (no pretrained file is read)"
+        )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, targets = batch
