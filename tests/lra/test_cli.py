@@ -1,0 +1,165 @@
+"""LRA through the CLI: every config composes to Xiong et al.'s recipe, `fit` runs on each task's official file
+format, the quickstart learns, and 2-process DDP counts the test set once."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_lra_data import write_aan, write_cifar, write_imdb, write_pathfinder  # the data tests' writers of the official formats
+from torch.utils.cpp_extension import get_default_build_root
+
+from polyattn_lightning import cli
+from polyattn_lightning.attention import get_activation
+from polyattn_lightning.data.lra import ListOpsSpec
+from polyattn_lightning.data.lra.listops import default_root, write_dataset
+from polyattn_lightning.tasks import LRAModule
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+
+REPO = Path(__file__).resolve().parents[2]
+LRA = REPO / "configs" / "lra"
+QUICKSTART = LRA / "quickstart.yaml"
+#: Xiong et al.: (DataModule, batch, steps, warmup)
+RECIPE = {
+    "listops": ("ListOpsDataModule", 32, 5000, 1000),
+    "text": ("IMDbDataModule", 32, 20000, 8000),
+    "retrieval": ("AANDataModule", 32, 30000, 800),
+    "image": ("CIFAR10GrayDataModule", 256, 35000, 175),
+    "pathfinder": ("PathfinderDataModule", 256, 62400, 312),
+}
+EXPERIMENTS = sorted(path for task in RECIPE for path in (LRA / task).glob("*.yaml"))
+ACTIVATIONS = {"softmax", "poly3", "poly1", "poly3_inv_sqrt_n", "relu", "poly1_attn_dropout0"}
+TINY_LISTOPS = ListOpsSpec(num_train=40, num_val=8, num_test=9, min_length=10, max_length=60, max_depth=3, max_args=4)
+
+
+def make(*args: str):
+    """The CLI with its classes built, not run."""
+    return cli.make_cli(list(args), run=False)
+
+
+def fit(*args: str):
+    return cli.make_cli(["fit", *args, "--trainer.enable_progress_bar", "false"])
+
+
+def test_every_task_has_every_activation_with_unique_names():
+    names = [path.stem for path in EXPERIMENTS]
+    assert len(names) == len(set(names))  # a run's folder is named after its config file
+    for task in RECIPE:
+        assert {path.stem.removeprefix(f"{task}_") for path in (LRA / task).glob("*.yaml")} >= ACTIVATIONS
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_config_composes_to_the_recipe(path: Path):
+    task, activation = path.parent.name, path.stem.split("_", 1)[1]
+    built = make("--config", str(path))
+    module, data, trainer = built.model, built.datamodule, built.trainer
+    data_class, batch, steps, warmup = RECIPE[task]
+    assert type(data).__name__ == data_class and data.batch_size == batch
+    assert trainer.max_steps == steps and module.optim.warmup_steps == warmup
+    assert (module.optim.lr, module.optim.weight_decay, module.optim.eps, module.optim.schedule) == (1e-4, 0, 1e-6, "linear")
+    hp = module.hparams
+    assert (hp.dim, hp.depth, hp.num_heads, hp.head_dim, hp.mlp_dim, hp.dropout) == (64, 2, 2, 32, 128, 0.1)
+    assert hp.attn_dropout == (0.0 if activation == "poly1_attn_dropout0" else 0.1)
+    act = get_activation(hp.attention)
+    expected_scale = {"softmax": None, "poly3_inv_sqrt_n": "inv_sqrt_n", "relu": "inv_n"}.get(activation, 0.0714)
+    assert act.name == activation.split("_")[0] and (act.is_softmax or act.scale == expected_scale)
+
+
+def test_every_lra_config_piece_is_used():
+    named = set()
+    for path in LRA.rglob("*.yaml"):
+        stack = [yaml.safe_load(path.read_text())]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, str) and node.endswith(".yaml"):
+                named.add((path.parent / node).resolve())
+    assert all(ref.is_file() for ref in named)
+    pieces = set(LRA.rglob("*.yaml")) - set(EXPERIMENTS) - {QUICKSTART}
+    assert {piece.resolve() for piece in pieces} <= named
+
+
+def tiny_release(root: Path, task: str) -> Path:
+    """Tiny files in the task's official on-disk format."""
+    if task == "listops":
+        return write_dataset(TINY_LISTOPS, root)
+    writer = {"text": write_imdb, "retrieval": write_aan, "image": write_cifar, "pathfinder": write_pathfinder}[task]
+    return writer(root)
+
+
+def scalars(log_dir: Path, tag: str) -> list[float]:
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+@pytest.mark.parametrize(
+    "config", ["listops_softmax", "text_poly3_inv_sqrt_n", "retrieval_poly1_attn_dropout0", "image_relu", "pathfinder_poly3"]
+)
+def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, config):
+    task = config.split("_")[0]
+    root = tiny_release(tmp_path / "data", task)
+    monkeypatch.chdir(tmp_path)
+    extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
+    run = fit("--config", str(LRA / task / f"{config}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
+              "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", *extra)
+    assert run.trainer.global_step == 2
+    log_dir = tmp_path / "runs" / config / "version_0"
+    best = list((log_dir / "checkpoints").glob("best-*.ckpt"))
+    assert len(best) == 1 and Path(run.trainer.ckpt_path).resolve() == best[0]  # tested with the best checkpoint
+    assert len(scalars(log_dir, "test/top1")) == 1
+    checkpoint = torch.load(best[0], weights_only=True)  # safe checkpoint IO
+    assert checkpoint["hyper_parameters"]["two_tower"] is (task == "retrieval")
+
+
+def test_quickstart_learns_above_the_majority_class(tmp_path, monkeypatch):
+    """150 steps (of the quickstart's 600) on the set it generates on first use: test accuracy >= 1.5x the majority."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())  # keep the compiled kernels' cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    run = fit("--config", str(QUICKSTART), "--trainer.max_steps", "150", "--trainer.val_check_interval", "50")
+    spec = run.datamodule.generate
+    test_file = default_root(spec) / "listops-1000" / "basic_test.tsv"
+    assert test_file.is_file()  # generated on first use, under the cache
+    labels = [row["Target"] for row in csv.DictReader(test_file.open(newline=""), delimiter="\t")]
+    majority = Counter(labels).most_common(1)[0][1] / len(labels)
+    assert run.trainer.callback_metrics["test/top1"].item() >= 1.5 * majority
+
+
+@pytest.mark.slow
+def test_two_process_ddp_tests_every_sample_once(tmp_path):
+    """2 gloo ranks fit ListOps through the CLI; the test accuracy logged matches a one-process count over all
+    9 test samples (odd: no sample repeated to even out the ranks)."""
+    root = tiny_release(tmp_path / "data", "listops")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "polyattn_lightning", "fit", "--config", str(LRA / "listops" / "listops_poly3.yaml"),
+        "--data.root", str(root), "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+        "--trainer.strategy", "ddp", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+        "--trainer.enable_progress_bar", "false",
+    ]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    log_dir = tmp_path / "runs" / "listops_poly3" / "version_0"
+    (best,) = (log_dir / "checkpoints").glob("best-*.ckpt")
+    module = LRAModule.load_from_checkpoint(best).eval()
+    data = make("--config", str(LRA / "listops" / "listops_poly3.yaml"), "--data.root", str(root)).datamodule
+    data.setup("test")
+    correct = 0
+    with torch.no_grad():
+        for batch in data.test_dataloader():
+            correct += (module(batch["input_ids"], batch["mask"]).argmax(-1) == batch["label"]).sum().item()
+    assert len(data.test_set) == 9
+    assert scalars(log_dir, "test/top1") == [pytest.approx(correct / 9, abs=1e-6)]
