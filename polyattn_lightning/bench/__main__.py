@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("attention", "detection", "diagnostics")
+BENCHMARKS = ("attention", "detection", "diagnostics", "lra")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -162,16 +162,20 @@ def time_cases(cases: list[Case], inputs, repeats: int) -> dict[str, dict[str, l
 
 def peak_bytes(case: Case, inputs) -> int:
     """Peak bytes allocated during one forward+backward, above the allocation level before it."""
-    device = inputs[0].device
+    return step_peak_bytes(partial(_step, case, *inputs), inputs[0].device)
+
+
+def step_peak_bytes(step: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated while ``step()`` runs, above the allocation level before it (also the LRA bench's)."""
     if device.type == "cuda":  # the caching allocator's own counters
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        _step(case, *inputs)
+        step()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _step(case, *inputs)
+        step()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
     )
