@@ -114,7 +114,9 @@ class SeededDataset(Dataset):
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped dataset's attributes (``classes``, ``metainfo``...)."""
-        if name == "dataset":  # not set yet (unpickling): no recursion
+        # "dataset" is not set yet while unpickling: no recursion. Dunders are not forwarded: DataLoader
+        # calls ``__getitems__`` when the dataset has one, and a wrapped Subset's would get (index, seed) keys.
+        if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
