@@ -25,8 +25,9 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from ..errors import ConfigError, DataError, MissingPathError
 from .resumable import ResumableDataLoader, eval_sampler
-from .synthetic_coco import SyntheticCOCO, ensure_synthetic_coco
+from .synthetic_coco import SyntheticCOCO, default_root, ensure_synthetic_coco
 
 LAYOUT = """  <root>/annotations/instances_train2017.json
   <root>/annotations/instances_val2017.json
@@ -37,7 +38,7 @@ LAYOUT = """  <root>/annotations/instances_train2017.json
 COCO_SHORT_SIDES = tuple(range(480, 801, 32))
 
 
-class COCODataError(ValueError):
+class COCODataError(DataError):
     """A COCO annotation file or image folder that does not hold what it should; the message names it."""
 
 
@@ -60,9 +61,9 @@ def read_annotations(ann_file: Path, img_dir: Path) -> list[dict]:
     listed image must be a file in ``img_dir``.
     """
     if not ann_file.is_file():
-        raise FileNotFoundError(f"annotation file {ann_file} does not exist; expected layout:\n{LAYOUT}")
+        raise MissingPathError(f"annotation file {ann_file} does not exist; expected layout:\n{LAYOUT}")
     if not img_dir.is_dir():
-        raise FileNotFoundError(f"image directory {img_dir} does not exist; expected layout:\n{LAYOUT}")
+        raise MissingPathError(f"image directory {img_dir} does not exist; expected layout:\n{LAYOUT}")
     try:
         coco = json.loads(ann_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -105,7 +106,7 @@ def check_classes(configured: list[str] | None, in_file: list[str], ann_file: Pa
                         "Leave classes unset to use the file's categories.")
 
 
-class ImageLoadError(RuntimeError):
+class ImageLoadError(DataError):
     """Loading or transforming one image failed; the message names the annotation file, image id and path."""
 
 
@@ -150,7 +151,7 @@ class COCODataModule(pl.LightningDataModule):
         test_size: int = 800,
         min_size: int = 32,
         synthetic: SyntheticCOCO | None = None,
-        synthetic_root: str = "data/synthetic_coco",
+        synthetic_root: str | None = None,
     ):
         """
         Args:
@@ -168,8 +169,10 @@ class COCODataModule(pl.LightningDataModule):
             test_size: the evaluation short side.
             min_size: training images with a shorter side are left out (mmdet: 32).
             synthetic: settings of a synthetic shapes set to train on when ``root`` is not given
-                (generated on first use into ``synthetic_root``); None requires ``root``.
-            synthetic_root: where the synthetic set is written, relative to the working directory.
+                (generated on first use into ``synthetic_root``, regenerated when the settings change);
+                None requires ``root``.
+            synthetic_root: where the synthetic set is written; default
+                ``$XDG_CACHE_HOME/polyattn_lightning/synthetic_coco`` (``~/.cache/...``).
         """
         super().__init__()
         self.root = root
@@ -195,9 +198,9 @@ class COCODataModule(pl.LightningDataModule):
         if self.root is not None:
             return Path(self.root)
         if self.synthetic is None:
-            raise ValueError("COCODataModule needs --data.init_args.root (a folder laid out as:\n"
+            raise ConfigError("COCODataModule needs --data.init_args.root (a folder laid out as:\n"
                              f"{LAYOUT}\n), or synthetic settings to generate a synthetic set")
-        return Path(self.synthetic_root)
+        return Path(self.synthetic_root).expanduser() if self.synthetic_root else default_root()
 
     def split_paths(self, split: str) -> tuple[Path, Path]:
         """``(annotation file, image folder)`` of ``split`` (``train2017`` or ``val2017``)."""
@@ -214,17 +217,22 @@ class COCODataModule(pl.LightningDataModule):
             raise RuntimeError("COCODataModule: the classes are read from the annotation file in setup()")
         return len(self.class_names)
 
+    @classmethod
+    def check_paths(cls, root: str | None = None, **_) -> None:
+        """Called by the CLI before any model is built: a given ``root`` must be a directory."""
+        if root is not None and not Path(root).is_dir():
+            raise MissingPathError(f"data root {root} does not exist; expected layout:\n{LAYOUT}")
+
     def prepare_data(self) -> None:
         """Generate the synthetic set when no root is given (Lightning calls this on one process per node)."""
         if self.root is None and self.synthetic is not None:
-            ensure_synthetic_coco(self.synthetic_root, self.synthetic)
+            ensure_synthetic_coco(self.data_root, self.synthetic)
 
     # ---- data sets ---------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
         root = self.data_root
-        if not root.is_dir():
-            raise FileNotFoundError(f"data root {root} does not exist; expected layout:\n{LAYOUT}")
+        self.check_paths(str(root))
         splits = ["train2017", "val2017"] if stage == "fit" else ["val2017"]
         for split in splits:
             ann_file, img_dir = self.split_paths(split)

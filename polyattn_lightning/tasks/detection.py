@@ -8,7 +8,9 @@ whole validation set (gathered from every DDP rank).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ from torch import Tensor
 
 from ..attention import ActivationSpec
 from ..attention.timm_patch import set_attention
+from ..errors import ConfigError, MissingPathError
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
 #: CocoMetric's summary numbers, logged as ``val/<iou type>_<item>`` (e.g. ``val/bbox_mAP_50``).
@@ -41,6 +44,20 @@ def _mmdet_detection():
     return MODELS, ConfigDict, CocoMetric
 
 
+@contextlib.contextmanager
+def _quiet_mmengine():
+    """mmengine's logger at WARNING for the duration."""
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_detector_config(detector: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
     """The mmdet model config: the mapping itself, or the mapping held by a YAML file.
 
@@ -50,12 +67,14 @@ def load_detector_config(detector: Mapping[str, Any] | str | os.PathLike) -> dic
     if isinstance(detector, Mapping):
         return copy.deepcopy(dict(detector))
     path = Path(getattr(detector, "absolute", detector))
+    if not path.is_file():
+        raise MissingPathError(f"detector config {path} does not exist (a YAML file holding an mmdet model mapping)")
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"cannot read the detector config {path}: {err}") from err
+        raise ConfigError(f"cannot read the detector config {path}: {err}") from err
     if not isinstance(config, dict) or "type" not in config:
-        raise ValueError(f"{path}: expected an mmdet model config mapping with a 'type' (e.g. MaskRCNN)")
+        raise ConfigError(f"{path}: expected an mmdet model config mapping with a 'type' (e.g. MaskRCNN)")
     return config
 
 
@@ -64,7 +83,7 @@ def _with_num_classes(config: dict, num_classes: int) -> dict:
     roi_head = config.get("roi_head")
     heads = [roi_head.get(key) for key in ("bbox_head", "mask_head")] if isinstance(roi_head, dict) else []
     if not any(isinstance(head, dict) and "num_classes" in head for head in heads):
-        raise ValueError("num_classes is given but the detector config has no roi_head.bbox_head/mask_head "
+        raise ConfigError("num_classes is given but the detector config has no roi_head.bbox_head/mask_head "
                          "with a num_classes to set")
     for head in heads:
         if isinstance(head, dict) and "num_classes" in head:
@@ -140,7 +159,8 @@ class DetectionModule(pl.LightningModule):
             config = _with_num_classes(config, num_classes)
         models, config_dict, _ = _mmdet_detection()
         self.detector = models.build(config_dict(config))  # mmdet reads nested settings as attributes
-        self.detector.init_weights()
+        with _quiet_mmengine():  # mmengine logs one line per parameter that init_weights leaves alone
+            self.detector.init_weights()
         set_attention(self.detector.backbone, attention)
         if pretrained is not None:
             self.detector.backbone.load_pretrained(pretrained)
@@ -159,10 +179,10 @@ class DetectionModule(pl.LightningModule):
         datamodule = self.trainer.datamodule
         names = getattr(datamodule, "class_names", None)
         if names is None or not hasattr(datamodule, "val_ann_file"):
-            raise TypeError(f"DetectionModule needs a COCO-format DataModule (class_names, val_ann_file), got "
+            raise ConfigError(f"DetectionModule needs a COCO-format DataModule (class_names, val_ann_file), got "
                             f"{type(datamodule).__name__}")
         if len(names) != self.num_classes:
-            raise ValueError(f"the detector has num_classes={self.num_classes} but the data has {len(names)} "
+            raise ConfigError(f"the detector has num_classes={self.num_classes} but the data has {len(names)} "
                              f"classes {names}; set model.init_args.num_classes: {len(names)}")
         self._metric = coco_metric(datamodule.val_ann_file, names, self.detector.with_mask)
 

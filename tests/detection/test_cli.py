@@ -58,10 +58,12 @@ def test_3x_recipe_is_the_xcit_authors(capsys):
 
 def test_quickstart_generates_its_data_fits_and_predicts_coco_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     tiny = ["--data.init_args.synthetic.train_images", "6", "--data.init_args.synthetic.val_images", "3",
             "--data.init_args.synthetic.image_size", "64"]
     fit = cli.make_cli(["fit", "--config", str(QUICKSTART), *tiny, *TINY_RUN])
-    assert (tmp_path / "data" / "synthetic_coco" / "annotations" / "instances_val2017.json").is_file()
+    generated = tmp_path / "cache" / "polyattn_lightning" / "synthetic_coco"
+    assert (generated / "annotations" / "instances_val2017.json").is_file()
     metrics = fit.trainer.callback_metrics
     assert {"train/loss", "train/loss_mask", "val/bbox_mAP", "val/bbox_mAP_50", "val/segm_mAP_75",
             "val/segm_mAP_l"} <= set(metrics)
@@ -78,15 +80,17 @@ def test_quickstart_generates_its_data_fits_and_predicts_coco_json(tmp_path, mon
 
 def test_quickstart_on_a_given_root_that_does_not_exist_fails_without_generating(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(FileNotFoundError, match=r"missing does not exist; expected layout"):
         cli.make_cli(["fit", "--config", str(QUICKSTART), "--data.init_args.root", str(tmp_path / "missing"),
                       *TINY_RUN])
-    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "cache").exists()
 
 
 def test_quickstart_trains_on_a_given_coco_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = write_tiny_coco(tmp_path / "shapes")
     fit = cli.make_cli(["fit", "--config", str(QUICKSTART), "--data.init_args.root", str(root), *TINY_RUN])
     assert fit.datamodule.class_names == list(TINY_SET.classes)
-    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "cache").exists()

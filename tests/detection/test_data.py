@@ -12,6 +12,7 @@ from pycocotools.coco import COCO
 
 from polyattn_lightning.data.coco import COCODataError, COCODataModule, ImageLoadError
 from polyattn_lightning.data.synthetic_coco import MARKER, SyntheticCOCO, ensure_synthetic_coco
+from polyattn_lightning.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_generated_on_first_use_then_reused_and_never_over_a_foreign_folder(tmp_
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("user data")
-    with pytest.raises(FileExistsError, match="mine.*not generated"):
+    with pytest.raises(ConfigError, match="mine.*not generated"):
         ensure_synthetic_coco(foreign, config)
     assert (foreign / "keep.txt").read_text() == "user data"
 
