@@ -7,7 +7,9 @@ project's are imported first, so their short names (``ClassificationModule``,
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -60,6 +62,24 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
                     name = f"{stem}.{count}{suffix}"
             self.config_filename = trainer.strategy.broadcast(name)
         super().setup(trainer, pl_module, stage)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_known_noise() -> None:
+    """Silence what every run printed and no user can act on: Lightning's litlogger advert and its use of a
+    deprecated torch pytree API (``isinstance(treespec, LeafSpec)``). Warnings about the run itself stay."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropAdverts())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def without_version(get_metrics):
+    """A progress bar's ``get_metrics`` without ``v_num`` (shown as ``0.000``; the run's folder is logged at start)."""
+    return lambda *args, **kwargs: {k: v for k, v in get_metrics(*args, **kwargs).items() if k != "v_num"}
 
 
 def short_parse_message(message: str) -> str:
@@ -167,7 +187,7 @@ class PolyattnCLI(LightningCLI):
         try:
             super()._parse_ckpt_path()
             replaced = {key: value for key, value in init_args(self.config[subcommand].model).items()
-                        if key in before and before[key] != value}
+                        if key in before and before[key] != value and key != "pretrained"}  # not used, see below
             if replaced:
                 rank_zero_info(f"checkpoint {ckpt_path}: its saved hyperparameters replace the config's: " + "; ".join(
                     f"model.init_args.{key} {before[key]!r} -> {value!r}" for key, value in replaced.items()))
@@ -198,10 +218,18 @@ class PolyattnCLI(LightningCLI):
         if self.subcommand in ("validate", "test", "predict") and config.get("ckpt_path") and hasattr(logger, "init_args"):
             if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():
                 save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
-                logger.init_args.update({"save_dir": str(save_dir), "name": "", "version": version})
+                logger.init_args.save_dir, logger.init_args.name, logger.init_args.version = str(save_dir), "", version
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
         check_config(config)
+
+    def instantiate_classes(self) -> None:
+        """Also tell the model which checkpoint's saved hyperparameters built it (``hparams_checkpoint``), so its
+        errors can name that checkpoint rather than the config the values no longer come from."""
+        super().instantiate_classes()
+        ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+        if ckpt_path and self.model is not None:
+            self.model.hparams_checkpoint = ckpt_path
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Say where the run writes, run it, then list what it wrote. A run that fails before its first
@@ -209,21 +237,25 @@ class PolyattnCLI(LightningCLI):
         trainer = self.trainer
         log_dir = trainer.log_dir if trainer.logger is not None and rank_zero_only.rank == 0 else None
         log_dir = Path(log_dir) if log_dir else None  # fast_dev_run's DummyLogger has none
-        existed = log_dir is not None and log_dir.exists()
+        created = log_dir if log_dir is not None and not log_dir.exists() else None
+        while created is not None and not created.parent.exists():
+            created = created.parent  # the outermost folder this run will create (runs/ itself on a first run)
         if log_dir is not None:
             what = "logs, config and checkpoints/" if subcommand == "fit" else "logs and config"
             rank_zero_info(f"{subcommand}: writing {what}{' and predictions/' if subcommand == 'predict' else ''} "
                            f"to {log_dir}")
         if subcommand != "fit":  # a checkpoint's ModelCheckpoint state names its run's folder: expected here
             warnings.filterwarnings("ignore", message=r".*dirpath has changed")
+        if trainer.progress_bar_callback is not None:
+            trainer.progress_bar_callback.get_metrics = without_version(trainer.progress_bar_callback.get_metrics)
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if log_dir is not None and not existed and trainer.global_step == 0 and log_dir.is_dir() \
-                    and not any(log_dir.rglob("*.ckpt")):
+            if created is not None and trainer.global_step == 0 and log_dir.is_dir() and not any(log_dir.rglob("*.ckpt")):
                 shutil.rmtree(log_dir, ignore_errors=True)
-                if log_dir.parent.is_dir() and not any(log_dir.parent.iterdir()):
-                    log_dir.parent.rmdir()
+                for folder in [log_dir, *log_dir.parents][1:len(log_dir.relative_to(created).parts) + 1]:
+                    with contextlib.suppress(OSError):  # only if empty: another run may be writing beside it
+                        folder.rmdir()
             raise
         if log_dir is not None and log_dir.is_dir():
             files = sorted(str(path.relative_to(log_dir)) for path in log_dir.rglob("*") if path.is_file())
@@ -233,6 +265,7 @@ class PolyattnCLI(LightningCLI):
 
 def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[PolyattnCLI] | None = None) -> LightningCLI:
     """Parse ``args`` (``sys.argv`` when None) and, with ``run``, execute the subcommand."""
+    quiet_known_noise()
     return (cli_class or PolyattnCLI)(
         LightningModule,
         LightningDataModule,

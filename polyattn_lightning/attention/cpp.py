@@ -69,8 +69,7 @@ def build(csrc: Path = CSRC) -> Path:
 
     Raises whatever the compiler or loader raises.
     """
-    from torch.utils import cpp_extension
-
+    cpp_extension = _import_cpp_extension()
     missing = [name for name in SOURCE_NAMES if not (csrc / name).exists()]
     if missing:
         raise FileNotFoundError(f"kernel sources {missing} are missing from {csrc}")
@@ -115,6 +114,20 @@ def load() -> bool:
         )
         return False
     return True
+
+
+def _import_cpp_extension():
+    """``torch.utils.cpp_extension`` without the ``No CUDA runtime is found, using CUDA_HOME=...`` warning it logs
+    when imported on a machine with a CUDA toolkit but no GPU: these kernels are CPU code and never use CUDA_HOME."""
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+    disabled, log.disabled = log.disabled, True
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.disabled = disabled
+    return cpp_extension
 
 
 def _put_ninja_on_path() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import lightning.pytorch as pl
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -77,7 +78,7 @@ class ImageDataModule(pl.LightningDataModule):
         Args:
             batch_size: per-device batch size (the task scales the learning rate by the global batch).
             num_workers: loader worker processes per device; workers persist across epochs.
-            pin_memory: page-locked host memory for faster host-to-GPU copies.
+            pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).
         """
         super().__init__()
         self.batch_size = batch_size
@@ -94,7 +95,7 @@ class ImageDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),  # on CPU only a warning would come of it
             persistent_workers=self.num_workers > 0,
         )
         # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once under DDP

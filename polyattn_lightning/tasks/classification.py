@@ -54,6 +54,9 @@ class Recipe:
 class ClassificationModule(pl.LightningModule):
     """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation."""
 
+    #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``
+    hparams_checkpoint: str | None = None
+
     def __init__(
         self,
         model_name: str,
@@ -108,7 +111,7 @@ class ClassificationModule(pl.LightningModule):
         data_name = type(datamodule).__name__
         data_classes = getattr(datamodule, "num_classes", None)
         if data_classes is not None and data_classes != self.num_classes:
-            ckpt_path = self.trainer.ckpt_path
+            ckpt_path = self.hparams_checkpoint
             if ckpt_path:
                 raise ConfigError(
                     f"checkpoint {ckpt_path} has num_classes={self.num_classes} (its saved hyperparameters replace "

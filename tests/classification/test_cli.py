@@ -126,11 +126,14 @@ def test_predict_saves_probabilities_for_every_sample_in_data_set_order(tmp_path
     trained = fit(*args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
     ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
     cli.make_cli(["predict", *args, "--ckpt_path", str(ckpt)])
-    saved = torch.load(tmp_path / "runs" / "quickstart" / "version_1" / "predictions" / "rank0.pt", weights_only=True)
+    saved = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "predict_last" / "predictions" / "rank0.pt",
+                       weights_only=True)
     val_set = trained.datamodule.val_set
     assert saved["predictions"].shape == (len(val_set), 10)
     torch.testing.assert_close(saved["predictions"].sum(dim=1), torch.ones(len(val_set)))
     assert saved["indices"].tolist() == list(range(len(val_set)))
+    assert saved["classes"] == [str(digit) for digit in range(10)]
+    assert not (tmp_path / "runs" / "quickstart" / "version_1").exists()
 
 
 def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):
@@ -165,7 +168,7 @@ def test_imagenet_experiment_fits_on_an_image_folder(tmp_path, monkeypatch, imag
 
 def test_num_classes_that_disagree_with_the_data_stop_before_training(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"num_classes=7 but DigitsDataModule has 10 classes"):
+    with pytest.raises(ValueError, match=r"num_classes is 7 but DigitsDataModule has 10 classes"):
         fit("--config", str(QUICKSTART), "--trainer.fast_dev_run", "1", "--model.num_classes", "7")
 
 

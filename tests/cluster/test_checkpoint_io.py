@@ -131,12 +131,15 @@ def test_resuming_from_a_damaged_checkpoint_fails_naming_it(cli_checkpoint, tmp_
 
 
 @pytest.mark.parametrize("subcommand", ["fit", "validate"])
-def test_cli_ckpt_path_to_a_damaged_checkpoint_names_it(cli_checkpoint, tmp_path, subcommand):
-    """The CLI reads ``--ckpt_path``'s hyperparameters before the trainer loads it: that read must name the file too."""
+def test_cli_ckpt_path_to_a_damaged_checkpoint_names_it(cli_checkpoint, tmp_path, subcommand, capsys):
+    """The CLI reads ``--ckpt_path``'s hyperparameters before the trainer loads it: that read must name the file too
+    (as a user-input error: one ``error:`` line, exit status 2)."""
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(cli_checkpoint.read_bytes()[: cli_checkpoint.stat().st_size // 2])
-    with pytest.raises(CheckpointLoadError, match=re.escape(f"{bad} is truncated or corrupt")):
+    with pytest.raises(SystemExit) as exit_info:
         main([subcommand, "--config", str(QUICKSTART), "--ckpt_path", str(bad)])  # fails before running
+    assert exit_info.value.code == 2
+    assert f"error: checkpoint {bad} is truncated or corrupt" in capsys.readouterr().err
 
 
 def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
