@@ -87,20 +87,19 @@ class FusedCPUAttention(torch.autograd.Function):
     Operands go in as contiguous ``(B*H, N, d)`` in the compute dtype with ``t``
     folded into ``q``; ``c(n) / (1 - p)`` scales ``out`` (forward) and ``dO`` (backward);
     the constant factor of ``f'`` (``p`` for ``S^p``) scales dQ, dK and dbias.
+    ``lengths`` and the reduced ``allowed`` come from ``key_lengths``; ``seed`` from ``draw_seed``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float):
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         form, power = act.fused_form
-        seed = draw_seed() if dropout_p else 0
         with torch.autocast("cpu", enabled=False):
             row_scale, row_shift = act.per_row(n, shape4, dtype)
             if dropout_p:
                 row_scale = row_scale / (1.0 - dropout_p)
             row_shift = row_shift if act.shift else None
-            lengths, allowed = key_lengths(allowed, shape4[0], shape4[3])
             q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
             bias4 = None if bias is None else as_4d(bias.detach().to(dtype)).contiguous()
             strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
@@ -138,7 +137,7 @@ class FusedCPUAttention(torch.autograd.Function):
             dk.view(*heads, *dk.shape[1:]).to(k_dtype),
             dv.view(*heads, *dv.shape[1:]).to(v_dtype),
             dbias.view(bias_shape).to(bias_dtype) if want_bias else None,
-            None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )
 
 
@@ -150,4 +149,6 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
         raise ValueError(f"the fused_cpu kernel runs on CPU tensors, got {q.device}")
     if not load():
         raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
-    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p))
+    lengths, allowed = key_lengths(allowed, q.shape[0], k.shape[-2])
+    seed = draw_seed() if dropout_p else 0
+    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, lengths, n, float(dropout_p), seed)
