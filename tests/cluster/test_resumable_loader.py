@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, Subset
 
 from polyattn_lightning.data.resumable import ResumableDataLoader, eval_loader, eval_sampler
 
@@ -118,6 +118,13 @@ def test_a_samples_random_draws_depend_on_seed_epoch_and_index_only(monkeypatch)
     monkeypatch.setenv("PL_GLOBAL_SEED", "4")
     other_seed = draws_by_index(ResumableDataLoader(RandomDraws(), batch_size=4, shuffle=True), 0)
     assert all(other_seed[i] != by_4[i] for i in by_4)
+
+
+def test_a_wrapped_subset_is_indexed_by_sample_not_by_seeded_key():
+    # Subset has __getitems__, which DataLoader prefers: it must not be reached through the seeding wrapper
+    subset = Subset(RandomDraws(), list(range(4, 16)))
+    rows = [row for batch in ResumableDataLoader(subset, batch_size=5, shuffle=True) for row in batch]
+    assert sorted(int(row[0]) for row in rows) == list(range(4, 16))
 
 
 @pytest.mark.slow  # loader worker processes
