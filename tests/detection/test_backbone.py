@@ -52,6 +52,13 @@ def test_strides_channels_and_the_blocks_maps_come_from(depth, blocks):
     torch.testing.assert_close(maps[2], tokens[2], atol=1e-5, rtol=1e-4)  # stride 16 is the blocks' own output
 
 
+@torch.no_grad()
+def test_patch_8_models_resample_to_the_same_strides():
+    backbone = MODELS.build(dict(type="XCiTBackbone", model_name="xcit_nano_12_p8_224", **TINY)).eval()
+    maps = backbone(torch.randn(1, 3, 64, 96))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(64 // s, 96 // s) for s in (4, 8, 16, 32)]
+
+
 def test_classification_parts_are_not_part_of_the_backbone():
     names = set(tiny_backbone().state_dict())
     assert not {n for n in names if n.startswith(("xcit.cls_token", "xcit.cls_attn_blocks", "xcit.head", "xcit.norm."))}
