@@ -26,7 +26,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError, DataError, MissingPathError
-from .resumable import ResumableDataLoader, eval_sampler
+from .resumable import ResumableDataLoader, eval_loader
 from .synthetic_coco import SyntheticCOCO, default_root, ensure_synthetic_coco
 
 LAYOUT = """  <root>/annotations/instances_train2017.json
@@ -297,17 +297,13 @@ class COCODataModule(pl.LightningDataModule):
         if dataset is None:
             raise RuntimeError("COCODataModule: call setup() before asking for a dataloader")
         _, _, pseudo_collate = _mmdet()
-        # training resumes mid-epoch; evaluation counts every image once under DDP
-        loader_class = ResumableDataLoader if train else DataLoader
-        return loader_class(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            sampler=None if train else eval_sampler(dataset, self.trainer),
-            collate_fn=pseudo_collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        settings = dict(batch_size=self.batch_size, collate_fn=pseudo_collate, num_workers=self.num_workers,
+                        persistent_workers=self.num_workers > 0)
+        # training resumes mid-epoch, each image augmented by (seed, epoch, index) alone (mmdet's transforms
+        # draw from numpy's global RNG); evaluation counts every image once under DDP
+        if train:
+            return ResumableDataLoader(dataset, shuffle=True, **settings)
+        return eval_loader(dataset, self.trainer, **settings)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)
