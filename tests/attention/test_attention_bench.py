@@ -58,3 +58,16 @@ def test_lra_cases_pad_keys_and_add_dropout_twins(tmp_path):
     labels = {case.label for case in bench.dropout_twins(bench.CASES, 0.2)}
     assert {"softmax/sdpa+dropout0.2", "poly3/blocked+dropout0.2"} <= labels
     assert not any(label.startswith(("poly1/associative", "poly3/naive")) for label in labels)
+
+
+def test_lra_targets_compare_with_softmax_and_its_dropout_twin():
+    def entry(seconds):
+        return {"fwd_s": seconds, "fwd_bwd_s": seconds, "ratio": {"fwd_bwd_s": seconds}}
+
+    cases = {"softmax/sdpa": entry(1.0), "softmax/sdpa+dropout0.1": entry(3.0), "poly3/fused_cpu": entry(0.8),
+             "poly3/fused_cpu+dropout0.1": entry(3.75), "poly1/associative": entry(0.25)}
+    result = {"shape": {"B": 4, "H": 2, "N": 4096, "d": 32}, "key_lengths": [4096, 2048], "cases": cases}
+    checks = {check["target"]: (check["value"], check["met"]) for check in bench.check_targets({"lra-4k": result})}
+    assert checks["poly3/fused_cpu+dropout0.1 fwd+bwd time / softmax/sdpa+dropout0.1 at lra-4k <= 1.0"] == (1.25, False)
+    assert checks["poly1/associative speed-up over softmax/sdpa (fwd+bwd) at lra-4k >= 5"] == (4.0, False)
+    assert checks["poly3/fused_cpu fwd+bwd time / SDPA at lra-4k <= 1.0"] == (0.8, True)
