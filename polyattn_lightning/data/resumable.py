@@ -104,13 +104,19 @@ class SeededDataset(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        index, seed = key
-        in_worker = get_worker_info() is not None
-        with contextlib.nullcontext() if in_worker else _kept_rng_state():
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.default_generator.manual_seed(seed)
-            return self.dataset[index]
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """A batch (DataLoader's fetcher calls this when it exists): in the main process the RNG states
+        are saved and restored once per batch rather than per sample."""
+        samples = []
+        with contextlib.nullcontext() if get_worker_info() is not None else _kept_rng_state():
+            for index, seed in keys:
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.default_generator.manual_seed(seed)
+                samples.append(self.dataset[index])
+        return samples
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped dataset's attributes (``classes``, ``metainfo``...)."""
