@@ -43,16 +43,19 @@ def module_class(name: str) -> type[LightningModule]:
     return cls
 
 
-def load_module(ckpt: Path, cls: type[LightningModule]) -> LightningModule:
-    """The module of a checkpoint, built from its hyperparameters (no pretrained file needed) in eval mode."""
-    checkpoint = load_checkpoint(ckpt)
+def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
+    """The module of a checkpoint, built from its hyperparameters (no pretrained file needed), in eval mode.
+
+    The class is ``class_name``, else the one the CLI recorded (``_class_path``), else ``ClassificationModule``.
+    """
+    checkpoint = load_checkpoint(ckpt)  # names the file if it is damaged
     if "hyper_parameters" not in checkpoint or "state_dict" not in checkpoint:
         raise ValueError(f"{ckpt} is not a Lightning checkpoint of a module that saves its hyperparameters")
-    hparams = dict(checkpoint["hyper_parameters"])
-    if hparams.get("pretrained"):
-        hparams["pretrained"] = None  # the checkpoint's weights replace them
-    module = cls(**hparams)
-    module.load_state_dict(checkpoint["state_dict"])
+    hparams = checkpoint["hyper_parameters"]
+    cls = module_class(class_name or hparams.get("_class_path") or "ClassificationModule")
+    overrides = {"pretrained": None} if hparams.get("pretrained") else {}  # the checkpoint's weights replace them
+    # Lightning's loader: it also rebuilds hyperparameters the CLI saved as plain dicts (recipes) into their types
+    module = cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, **overrides)
     return module.eval()
 
 
@@ -74,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
                    "default: every layer")
     p.add_argument("--head", type=int, action="append", help="0-based head (repeat); default: every head")
     p.add_argument("--out", type=Path, required=True, help="directory for heatmaps.png and overlay.png")
-    p.add_argument("--model-class", default="ClassificationModule", help="the checkpoint's LightningModule class")
+    p.add_argument("--model-class", help="the checkpoint's LightningModule class (default: the one the CLI recorded in "
+                   "it, else ClassificationModule)")
     p.add_argument("--img-size", type=int, help="input side (default: the model's)")
     p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_DEFAULT_MEAN, help="normalisation mean")
     p.add_argument("--std", type=float, nargs=3, default=IMAGENET_DEFAULT_STD, help="normalisation std")
@@ -85,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> list[Path]:
     """Run the command; returns the PNG files written."""
     args = parser().parse_args(argv)
-    module = load_module(args.ckpt, module_class(args.model_class))
+    module = load_module(args.ckpt, args.model_class)
     size = input_size(module, args.img_size)
     transform = create_transform(input_size=size, is_training=False, crop_pct=1.0, mean=args.mean, std=args.std)
     images = torch.stack([transform(read_rgb(path)) for path in args.image])

@@ -120,7 +120,8 @@ def norms_figure(runs: dict[str, Series], layers: list[int] | None, quantities: 
                 ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, max(1, len(labels))), fontsize=8)
+    per_row = int(fig.get_figwidth() * 14) // (max(map(len, labels), default=1) + 6)  # ~14 characters per inch at 8 pt
+    fig.legend(handles, labels, loc="outside lower center", ncols=max(1, min(len(labels), per_row)), fontsize=8)
     fig.suptitle("Attention norms during training (probe batch)")
     return fig
 

@@ -4,15 +4,12 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
 from polyattn_lightning import cli
-from polyattn_lightning.data import DigitsDataModule
-from polyattn_lightning.tasks import ClassificationModule
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -20,16 +17,15 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "classification" 
 
 
 @pytest.fixture
-def checkpoint(tmp_path: Path) -> Path:
-    """A 3-layer digits ViT trained two steps and saved by Lightning."""
-    pl.seed_everything(0)
-    module = ClassificationModule("vit_tiny_patch16_224", num_classes=10, attention="relu", img_size=16,
-                                  model_kwargs=dict(patch_size=4, embed_dim=32, depth=3, num_heads=2))
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path)
-    trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=16))
-    path = tmp_path / "run.ckpt"
-    trainer.save_checkpoint(path)
+def checkpoint(tmp_path: Path, monkeypatch) -> Path:
+    """``last.ckpt`` of a 3-layer relu digits ViT trained two steps through the CLI (which saves its
+    hyperparameters as the CLI parsed them, with its own ``_class_path`` and ``_instantiator`` entries)."""
+    monkeypatch.chdir(tmp_path)
+    cli.main(["fit", "--config", str(QUICKSTART), "--model.init_args.attention", "relu",
+              "--model.init_args.model_kwargs", "{patch_size: 4, embed_dim: 32, depth: 3, num_heads: 2}",
+              "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+              "--trainer.enable_progress_bar", "false"])
+    (path,) = tmp_path.rglob("last.ckpt")
     return path
 
 
