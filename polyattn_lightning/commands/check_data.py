@@ -12,18 +12,25 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import PolyattnCLI, make_cli
+from ..cli import PolyattnCLI, check_config, make_cli
 from ..data.image_folder import find_unreadable_images
 from ..errors import ConfigError, DataError
 
 
 class DataOnlyCLI(PolyattnCLI):
-    """The CLI's parsing and checks (:func:`~polyattn_lightning.cli.check_config`), instantiating only the data."""
+    """The CLI's parsing and data path checks (:func:`~polyattn_lightning.cli.check_config`), instantiating only the
+    data: the model's values (a pretrained file not yet downloaded) do not matter here."""
+
+    def before_instantiate_classes(self) -> None:
+        check_config(self._data_only())
 
     def instantiate_classes(self) -> None:
+        self.datamodule = self.parser.instantiate_classes(self._data_only()).data
+
+    def _data_only(self):
         config = self.config.clone()
         config.model = None
-        self.datamodule = self.parser.instantiate_classes(config).data
+        return config
 
 
 def image_paths(datamodule) -> list[str]:
