@@ -141,8 +141,8 @@ def test_resuming_with_more_epochs_keeps_the_checkpoints_schedule_and_warns_once
     assert f"max_epochs={EPOCHS + 2}" in about_schedule[0] and f"max_epochs={EPOCHS}" in about_schedule[0]
 
     # the steps both runs take have the same lr: the cosine is not stretched over the longer run...
-    end = EPOCHS * STEPS_PER_EPOCH
-    assert sorted(longer["lr"]) == list(range(2 * STEPS_PER_EPOCH - 2, (EPOCHS + 2) * STEPS_PER_EPOCH))
-    assert {s: lr for s, lr in longer["lr"].items() if s < end} == {s: lr for s, lr in reference["lr"].items() if s >= 2 * STEPS_PER_EPOCH - 2}
+    start, end = 2 * STEPS_PER_EPOCH - 2, EPOCHS * STEPS_PER_EPOCH
+    assert sorted(longer["lr"]) == list(range(start, (EPOCHS + 2) * STEPS_PER_EPOCH))
+    assert {s: lr for s, lr in longer["lr"].items() if s < end} == {s: lr for s, lr in reference["lr"].items() if s >= start}
     # ...and the extra epochs train at its final lr
     assert all(lr == pytest.approx(1e-5) for s, lr in longer["lr"].items() if s > end)
