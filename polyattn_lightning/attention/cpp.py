@@ -94,13 +94,46 @@ def build(csrc: Path = CSRC) -> Path:
         build_directory=str(directory),
         is_python_module=False,
     )
+    if not _loaded:
+        _register_fakes()
     _loaded["name"] = name
     return directory
 
 
-@functools.cache
+def _register_fakes() -> None:
+    """Output shapes of the C++ ops for ``torch.compile``'s fake tensors, so a compiled model traces through
+    them without a graph break (the autograd Functions around them keep their once-differentiable backward)."""
+
+    def forward(q, k, v, *args):
+        return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+
+    def backward(q, k, v, dout, row_shift, bias, allowed, key_lengths, bias_grad, *args):
+        # dbias is laid out like the bias's storage: the span of its (broadcast, stride-0) view
+        span = 1 + sum((size - 1) * stride for size, stride in zip(bias.shape, bias.stride())) if bias_grad else 0
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty(span)
+
+    def associative_forward(q, k, v, keep, s):
+        return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], q.shape[2], v.shape[2])
+
+    def associative_backward(q, k, v, kv, dout, keep, s):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    for name, fake in [("forward", forward), ("backward", backward), ("associative_forward", associative_forward),
+                       ("associative_backward", associative_backward)]:
+        torch.library.register_fake(f"polyattn_cpu::{name}", fake)
+
+
+@torch.compiler.assume_constant_result
 def load() -> bool:
-    """Build (once per machine and source version) and load the kernels; False where that is impossible."""
+    """Build (once per machine and source version) and load the kernels; False where that is impossible.
+
+    A constant for ``torch.compile``: decided once, when first traced or called, never inside a graph.
+    """
+    return _load()
+
+
+@functools.cache
+def _load() -> bool:
     if os.environ.get("POLYATTN_FUSED_CPU", "1") == "0":
         return False
     try:

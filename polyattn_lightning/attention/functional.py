@@ -136,7 +136,8 @@ def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
     empty = None
     if masks.allowed is not None:
         empty = ~masks.allowed.any(dim=-1, keepdim=True)
-        if bool(empty.any()):  # unmask empty rows so SDPA stays finite, then zero them
+        # unmask empty rows so SDPA stays finite, then zero them; compiled: always, so no data-dependent branch
+        if torch.compiler.is_compiling() or bool(empty.any()):
             mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
         else:
             empty = None

@@ -77,7 +77,8 @@ def key_lengths(allowed: Tensor | None, batch: int, nk: int) -> tuple[Tensor | N
         return None, allowed
     keep = allowed.expand(allowed.shape[0], 1, 1, nk).reshape(-1, nk)
     lengths = (keep * torch.arange(1, nk + 1, device=keep.device)).amax(dim=-1)
-    prefix = bool((keep.sum(dim=-1) == lengths).all())
+    # torch.compile keeps the mask rather than break the graph on this data-dependent test
+    prefix = not torch.compiler.is_compiling() and bool((keep.sum(dim=-1) == lengths).all())
     return lengths.expand(batch).contiguous(), None if prefix else allowed
 
 

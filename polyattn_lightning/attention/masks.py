@@ -58,7 +58,8 @@ def normalize_masks(
         if attn_mask.dtype == torch.bool:
             allowed = attn_mask
         elif attn_mask.is_floating_point():
-            if not softmax and bool((attn_mask > 0).any()):
+            # checked eagerly; torch.compile skips this data-dependent test rather than break the graph here
+            if not softmax and not torch.compiler.is_compiling() and bool((attn_mask > 0).any()):
                 raise ValueError(
                     "an additive attn_mask for a non-softmax activation must hold 0 (keep) or negative values "
                     "(mask); pass a score bias such as a relative-position bias as attn_bias instead"
