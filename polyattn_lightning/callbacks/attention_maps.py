@@ -74,6 +74,16 @@ def _swin_block(model: nn.Module, module: nn.Module) -> nn.Module:
     raise ValueError(f"no Swin block holds {type(module).__name__}; cannot put its windows back in place")
 
 
+def stitch_windows(values: Tensor, block: nn.Module) -> Tensor:
+    """Per-token ``values`` ``(B * windows, wh * ww)`` of a Swin block's windows as ``(B, H, W)`` on its feature
+    map: timm's ``window_reverse``, the padding cut off, the cyclic shift undone (the inverse of the block's ``_attn``)."""
+    wh, ww = block.window_size
+    rows, cols = block.input_resolution
+    hp, wp = math.ceil(rows / wh) * wh, math.ceil(cols / ww) * ww
+    grid = window_reverse(values.reshape(-1, wh, ww, 1), (wh, ww), hp, wp)[:, :rows, :cols, 0]
+    return torch.roll(grid, shifts=tuple(block.shift_size), dims=(1, 2))
+
+
 def token_map(model: nn.Module, layer: Layer, weights: Tensor, probe: Tensor) -> tuple[Tensor | None, str]:
     """Head-averaged ``weights`` ``(B_, H, Nq, Nk)`` turned into a per-sample map on the input; see the module doc."""
     module = layer.module
@@ -86,14 +96,7 @@ def token_map(model: nn.Module, layer: Layer, weights: Tensor, probe: Tensor) ->
         return None, f"input of shape {tuple(probe.shape)} is neither an image batch nor a token sequence"
     batch, (height, width) = probe.shape[0], probe.shape[-2:]
     if isinstance(module, SwinWindowAttention):
-        block = _swin_block(model, module)
-        wh, ww = module.window_size
-        rows, cols = block.input_resolution
-        received = mean.mean(1).reshape(-1, wh, ww, 1)  # (B * windows, wh, ww, 1)
-        hp, wp = math.ceil(rows / wh) * wh, math.ceil(cols / ww) * ww
-        grid = window_reverse(received, (wh, ww), hp, wp)[:, :rows, :cols, 0]
-        grid = torch.roll(grid, shifts=tuple(block.shift_size), dims=(1, 2))
-        return grid, "received (query mean, windows stitched)"
+        return stitch_windows(mean.mean(1), _swin_block(model, module)), "received (query mean, windows stitched)"
     layout = _grid(weights.shape[-1], height, width)
     if layout is None or weights.shape[0] != batch:
         return None, f"{weights.shape[-1]} keys form no patch grid of a {height}x{width} image"

@@ -13,7 +13,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from timm.layers import Attention
 
 from polyattn_lightning import cli
-from polyattn_lightning.attention import registered_activations
 from polyattn_lightning.attention.diagnostics import captured_norms, probe_attention, select_layers
 from polyattn_lightning.attention.timm_patch import set_attention
 from polyattn_lightning.callbacks import AttentionMaps, AttentionNorms
@@ -62,7 +61,6 @@ FAMILIES = {
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("activation", ["softmax", "poly1", "poly3", "relu", "softplus", "sigmoid"])
 def test_every_activation_and_family_gives_finite_norms_per_head(family, activation):
-    assert activation in registered_activations() or activation.startswith("poly")
     name, kwargs = FAMILIES[family]
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=3, **kwargs)
