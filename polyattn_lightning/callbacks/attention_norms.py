@@ -17,7 +17,8 @@ waits on another).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,19 +56,26 @@ def probing(module: nn.Module) -> Iterator[None]:
 
 
 def probe_batch(pl_module: pl.LightningModule, batch: Any, size: int) -> Any:
-    """The model input of the first ``size`` samples of ``batch``, copied.
+    """The model input of the first ``size`` samples of ``batch``, copied: ``batch`` itself if a tensor, its
+    first item if ``(inputs, targets, ...)``, and for a dict the entries named like ``forward``'s parameters
+    (as a tuple of positional arguments).
 
-    A task whose batches are not ``(inputs, targets, ...)`` or a tensor defines
-    ``attention_probe(batch, size)`` returning the argument of its ``forward``
+    Another task defines ``attention_probe(batch, size)`` returning the argument of its ``forward``
     (a tuple is passed as positional arguments).
     """
     if hasattr(pl_module, "attention_probe"):
         return pl_module.attention_probe(batch, size)
+    if isinstance(batch, Mapping):
+        names = [p.name for p in inspect.signature(pl_module.forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if names and all(isinstance(batch.get(name), Tensor) for name in names):
+            return tuple(batch[name][:size].detach().clone() for name in names)
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
     if not isinstance(inputs, Tensor):
         raise TypeError(
             f"cannot take a probe batch from a {type(batch).__name__} batch of {type(pl_module).__name__}: expected a "
-            "tensor or (inputs, targets); define attention_probe(batch, size) on the LightningModule"
+            "tensor, (inputs, targets) or a dict holding forward's arguments by name; define "
+            "attention_probe(batch, size) on the LightningModule"
         )
     return inputs[:size].detach().clone()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import timm
 import torch
 from timm.models.swin_transformer import SwinTransformerBlock, window_partition
@@ -11,8 +12,10 @@ from timm.models.swin_transformer import SwinTransformerBlock, window_partition
 from polyattn_lightning.attention.timm_patch import set_attention
 from polyattn_lightning.callbacks import AttentionNorms
 from polyattn_lightning.callbacks.attention_maps import attention_pictures, collect_maps, stitch_windows
+from polyattn_lightning.callbacks.attention_norms import probe_batch
 from polyattn_lightning.models.lra_encoder import LRAClassifier
 from polyattn_lightning.models.xcit_detection import XCiTBackbone
+from polyattn_lightning.tasks import LRAModule
 
 
 def test_lra_encoder_norms_and_per_token_strips():
@@ -70,3 +73,14 @@ def test_swin_and_xcit_class_attention_token_maps():
     assert [m.what for m in maps][2:] == ["class-token attention"] * 2  # the two class-attention layers
     rows = [m.tokens.flatten(1).sum(1) for m in maps[2:]]
     assert all(((r > 0) & (r < 1)).all() for r in rows)  # softmax row over cls + patches, patches take a part
+
+
+def test_probe_of_a_dict_batch_follows_forward_parameter_names():
+    module = LRAModule("poly3", vocab_size=16, num_classes=10, max_length=32, two_tower=False)
+    batch = {"label": torch.zeros(6, dtype=torch.long), "mask": torch.ones(6, 20, dtype=torch.bool),
+             "input_ids": torch.randint(1, 16, (6, 20))}
+    ids, mask = probe_batch(module, batch, 4)
+    assert torch.equal(ids, batch["input_ids"][:4]) and torch.equal(mask, batch["mask"][:4])
+    assert len(AttentionNorms().measure(module, (ids, mask))) == 3 * 2 * 3
+    with pytest.raises(TypeError, match="define attention_probe"):
+        probe_batch(module, {"tokens": batch["input_ids"]}, 4)
