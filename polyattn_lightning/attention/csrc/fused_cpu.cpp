@@ -512,8 +512,10 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t chunks = std::max<int64_t>(1, std::min(n_items, threads));
   std::vector<int64_t> chunk_start(chunks + 1, n_items);  // chunk c runs items [chunk_start[c], chunk_start[c + 1])
-  for (int64_t c = 0, i = 0; c < chunks; ++c) {
-    while (i < n_items && work_before[i] * chunks < work_before[n_items] * c) ++i;
+  for (int64_t c = 0, i = 0; c < chunks; ++c) {  // cut at the item boundary nearest to c / chunks of the work
+    const int64_t target = work_before[n_items] * c;
+    while (i < n_items && work_before[i + 1] * chunks <= target) ++i;
+    if (i < n_items && (work_before[i + 1] * chunks - target) < (target - work_before[i] * chunks)) ++i;
     chunk_start[c] = i;
   }
   const int64_t head_dq = pb.nq * pb.d;
