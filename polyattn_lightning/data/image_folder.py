@@ -74,6 +74,9 @@ class ImageFolderDataModule(ImageDataModule):
                 one folder per class (relative paths are taken from the working directory).
             img_size: side of the square training and evaluation crops; must equal the model's ``img_size``.
             augment: training augmentation (DeiT's by default).
+            batch_size: per-device batch size (the task scales the learning rate by the global batch).
+            num_workers: loader worker processes per device, which decode the images.
+            pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).
             check_images: before training, decode every image once (in parallel) and stop with a list of all the
                 files that cannot be read, rather than at the first one mid-epoch.
         """

@@ -39,6 +39,9 @@ class TinyImageNetDataModule(ImageFolderDataModule):
                 from the working directory.
             img_size: side of the square crops (64, the images' size); must equal the model's ``img_size``.
             augment: training augmentation.
+            batch_size: per-device batch size (the task scales the learning rate by the global batch).
+            num_workers: loader worker processes per device, which decode the images.
+            pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).
             check_images: decode every image once before training and list all unreadable files.
         """
         super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory, check_images)
