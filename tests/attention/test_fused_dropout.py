@@ -8,6 +8,7 @@ from attention_reference import ELEMENTWISE, FORMULAS, make_qkv
 from test_attention_kernels import _grads, num_threads, small_tiles  # noqa: F401 (small_tiles is a fixture)
 
 from polyattn_lightning.attention import attention, fused_cpu
+from polyattn_lightning.callbacks.resume import capture_rng_state, restore_rng_state
 
 # Random123's known-answer vectors for Philox4x32-10: (counter, key, output).
 PHILOX_KAT = [
@@ -133,10 +134,10 @@ def test_seeded_runs_repeat_and_a_restored_rng_state_continues_exactly():
     q, k, v = make_qkv(B=2, H=2, Nq=16, Nk=16, dtype=torch.float32)
     torch.manual_seed(0)
     first = attention(q, k, v, "poly3", dropout_p=0.1)
-    state = torch.get_rng_state()  # what ExactResume saves and restores
+    state = capture_rng_state()  # what ExactResume saves in a checkpoint and restores on resume
     second = attention(q, k, v, "poly3", dropout_p=0.1)
     assert not torch.equal(first, second)  # each call draws a new seed
-    torch.set_rng_state(state)
+    restore_rng_state(state)
     assert torch.equal(attention(q, k, v, "poly3", dropout_p=0.1), second)
     torch.manual_seed(0)
     assert torch.equal(attention(q, k, v, "poly3", dropout_p=0.1), first)
