@@ -19,6 +19,7 @@ import yaml
 from PIL import Image
 from safetensors.torch import save_file
 
+from polyattn_lightning import cli
 from polyattn_lightning.errors import UserInputError, reported
 
 DRIVER = Path(__file__).with_name("cli_driver.py")
@@ -210,3 +211,12 @@ def test_check_data_names_every_unreadable_image(project: Path):
     assert_short_error(results[2], f"cannot read image {project / 'imgs'}", max_lines=6)
     error = assert_short_error(results[3], f"cannot read image {project / 'imgs'}", max_lines=6)
     assert "DataLoader worker" not in error
+
+
+def test_data_help_spells_out_the_layout(capsys):
+    """``--data.root``'s help is read on the command line, where ``layout`` (a class attribute) is not visible."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--data.help", "ImageFolderDataModule"])
+    assert exit_info.value.code in (0, None)
+    root_help = capsys.readouterr().out.split("--data.root ROOT", 2)[2].split("--data.img_size")[0]
+    assert "<root>/train/<class>/<image>" in root_help and "layout" not in root_help
