@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.config.name}: {steps} steps in {args.epochs} epoch(s), AttentionNorms every {args.every} steps "
           f"({probes} probes)")
     print(f"  inside the callback: {result['in_callback_per_epoch_s']:.3f} s per epoch "
-          f"({result['in_callback_percent']:.2f}% of the training time), {result['in_callback_per_probe_ms']:.0f} ms per probe")
+          f"({result['in_callback_percent']:.2f}% of the training time), "
+          f"{result['in_callback_per_probe_ms']:.0f} ms per probe")
     print(f"  fit without {without:.2f} s, with {with_norms:.2f} s (medians of {args.repeats}): "
           f"{added / args.epochs:+.2f} s per epoch ({result['added_percent']:+.1f}%), "
           f"{result['wall_per_probe_ms']:.0f} ms per probe")

@@ -42,6 +42,8 @@ from .attention_norms import probe_batch, probing, run_probe
 
 #: Most prefix (class, distillation, register) tokens looked for in front of a patch grid.
 MAX_PREFIX_TOKENS = 8
+#: Most entries of one block of phi(S) maps made at once.
+MAP_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -75,8 +77,9 @@ def _swin_block(model: nn.Module, module: nn.Module) -> nn.Module:
 
 
 def stitch_windows(values: Tensor, block: nn.Module) -> Tensor:
-    """Per-token ``values`` ``(B * windows, wh * ww)`` of a Swin block's windows as ``(B, H, W)`` on its feature
-    map: timm's ``window_reverse``, the padding cut off, the cyclic shift undone (the inverse of the block's ``_attn``)."""
+    """Per-token ``values`` ``(B * windows, wh * ww)`` of a Swin block's windows as ``(B, H, W)`` on its
+    feature map: timm's ``window_reverse``, the padding cut off, the cyclic shift undone (the inverse of
+    the block's ``_attn``)."""
     wh, ww = block.window_size
     rows, cols = block.input_resolution
     hp, wp = math.ceil(rows / wh) * wh, math.ceil(cols / ww) * ww
@@ -84,32 +87,44 @@ def stitch_windows(values: Tensor, block: nn.Module) -> Tensor:
     return torch.roll(grid, shifts=tuple(block.shift_size), dims=(1, 2))
 
 
-def token_map(model: nn.Module, layer: Layer, weights: Tensor, probe: Tensor) -> tuple[Tensor | None, str]:
-    """Head-averaged ``weights`` ``(B_, H, Nq, Nk)`` turned into a per-sample map on the input; see the module doc."""
+def token_map(
+    model: nn.Module, layer: Layer, first_row: Tensor, received: Tensor, queries: int, probe: Tensor
+) -> tuple[Tensor | None, str]:
+    """A per-sample map on the input from the head-averaged attention of query 0 (``first_row``) and the
+    attention each key receives averaged over queries (``received``), both ``(B_, Nk)``; see the module doc."""
     module = layer.module
     if isinstance(module, XCiTAttention):
         return None, "channel attention: no token map"
-    mean = weights.mean(1)  # (B_, Nq, Nk)
     if probe.dim() == 2:  # token ids (B, N): a strip along the sequence
-        return mean.mean(1), "attention received per token (mean over queries)"
+        return received, "attention received per token (mean over queries)"
     if probe.dim() != 4:
         return None, f"input of shape {tuple(probe.shape)} is neither an image batch nor a token sequence"
     batch, (height, width) = probe.shape[0], probe.shape[-2:]
     if isinstance(module, SwinWindowAttention):
-        return stitch_windows(mean.mean(1), _swin_block(model, module)), "received (query mean, windows stitched)"
-    layout = _grid(weights.shape[-1], height, width)
-    if layout is None or weights.shape[0] != batch:
-        return None, f"{weights.shape[-1]} keys form no patch grid of a {height}x{width} image"
+        return stitch_windows(received, _swin_block(model, module)), "received (query mean, windows stitched)"
+    keys = received.shape[-1]
+    layout = _grid(keys, height, width)
+    if layout is None or received.shape[0] != batch:
+        return None, f"{keys} keys form no patch grid of a {height}x{width} image"
     prefix, h, w = layout
-    if prefix and weights.shape[-2] in (1, weights.shape[-1]):
-        return mean[:, 0, prefix:].reshape(batch, h, w), "class-token attention"
-    return mean[:, :, prefix:].mean(1).reshape(batch, h, w), "received (mean over queries)"
+    if prefix and queries in (1, keys):
+        return first_row[:, prefix:].reshape(batch, h, w), "class-token attention"
+    return received[:, prefix:].reshape(batch, h, w), "received (mean over queries)"
+
+
+def _rows(x: Tensor | None, rows: slice, count: int) -> Tensor | None:
+    """Rows ``rows`` of a captured tensor whose first axis is the ``count`` attended rows (else it broadcasts)."""
+    return x[rows] if x is not None and x.dim() == 4 and x.shape[0] == count > 1 else x
 
 
 def collect_maps(
     pl_module: nn.Module, probe: Any, layers: Sequence[LayerRef] | None = None, heads: Sequence[int] | None = None
 ) -> list[LayerMaps]:
-    """One probe forward of ``pl_module`` (no grad, eval mode, RNG untouched): :class:`LayerMaps` per layer."""
+    """One probe forward of ``pl_module`` (no grad, eval mode, RNG untouched): :class:`LayerMaps` per layer.
+
+    The ``phi(S)`` maps are made a few rows at a time (at most :data:`MAP_ELEMENTS` entries), so long
+    sequences (LRA's 4K tokens) need no whole-batch ``B x H x N x N`` tensor.
+    """
     chosen = select_layers(pl_module, layers)
     with probing(pl_module):
         records = probe_attention(pl_module, chosen, lambda: run_probe(pl_module, probe))
@@ -118,12 +133,22 @@ def collect_maps(
     for layer in chosen:
         if not records[layer.index]:
             raise RuntimeError(f"attention layer {layer.index} ({layer.name}) did not run in the probe forward")
-        weights = attention_map(records[layer.index][0], layer.module.activation_spec)
-        picked = _heads(weights.shape[1], heads, layer)
-        weights = weights[:, picked]
-        tokens, what = token_map(pl_module, layer, weights, first)
+        inputs = records[layer.index][0]
+        count, heads_total, queries, keys = (*inputs.q.shape[:3], inputs.k.shape[-2])
+        picked = _heads(heads_total, heads, layer)
+        step = max(1, MAP_ELEMENTS // (heads_total * queries * keys))
+        heat, first_rows, received = 0.0, [], []
+        for start in range(0, count, step):
+            rows = slice(start, start + step)
+            chunk = type(inputs)(*(_rows(x, rows, count) if isinstance(x, Tensor) else x for x in inputs))
+            weights = attention_map(chunk, layer.module.activation_spec)[:, picked]  # (rows, heads, Nq, Nk)
+            heat = heat + weights.sum(0)
+            mean = weights.mean(1)
+            first_rows.append(mean[:, 0])
+            received.append(mean.mean(1))
+        tokens, what = token_map(pl_module, layer, torch.cat(first_rows), torch.cat(received), queries, first)
         result.append(
-            LayerMaps(layer, describe(layer.module.activation), weights.mean(0), tokens, what,
+            LayerMaps(layer, describe(layer.module.activation), heat / count, tokens, what,
                       isinstance(layer.module, XCiTAttention))
         )
     return result

@@ -116,7 +116,9 @@ class AttentionNorms(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._probe = state_dict.get("probe")
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if not trainer.is_global_zero or step % self.every_n_steps or step == self._last_step:
             return

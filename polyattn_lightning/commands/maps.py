@@ -60,7 +60,7 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
 
 
 def input_size(module: LightningModule, given: int | None) -> int:
-    """The image side the model takes: ``--img-size``, else its ``img_size`` hyperparameter, else its patch embedding's."""
+    """The image side: ``--img-size``, else the ``img_size`` hyperparameter, else the patch embedding's."""
     if given:
         return given
     size = module.hparams.get("img_size") or getattr(getattr(module.model, "patch_embed", None), "img_size", None)

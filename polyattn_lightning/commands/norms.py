@@ -130,7 +130,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polyattn norms", description=__doc__.split("\n\n")[1])
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
-    p.add_argument("--layer", type=int, action="append", help="1-based layer to draw (repeat); default: every logged one")
+    p.add_argument("--layer", type=int, action="append",
+                   help="1-based layer to draw (repeat); default: every logged one")
     p.add_argument("--quantity", choices=list(QUANTITIES.values()), action="append",
                    help="norm to draw (repeat); default: all three")
     p.add_argument("--linear", action="store_true", help="linear instead of log y axis")

@@ -41,7 +41,7 @@ COLUMNS = ("tokens", "img_size", "patch_size", "activation", "scale", "steps", "
 
 
 def patch_size(length: int, img_size: int) -> int:
-    """The patch side that cuts an ``img_size`` image into ``length`` patches, or a ValueError saying which lengths fit."""
+    """The patch side cutting an ``img_size`` image into ``length`` patches; a ValueError lists the lengths that fit."""
     side = math.isqrt(length)
     if side * side == length and side and img_size % side == 0:
         return img_size // side
@@ -67,7 +67,7 @@ def base_settings(config: Path, extra: list[str]) -> tuple[dict, int, dict]:
 
 def run_one(config: Path, extra: list[str], spec: dict, img_size: int, patch: int, kwargs: dict, steps: int,
             root: Path) -> dict[str, float]:
-    """Train one configuration ``steps`` steps and validate it: ``{"val_top1": ..., "val_loss": ..., "seconds": ...}``."""
+    """Train one configuration ``steps`` steps and validate it: ``{"val_top1", "val_loss", "seconds"}``."""
     overrides = {
         **QUIET,
         "--model.init_args.attention": json.dumps(spec),

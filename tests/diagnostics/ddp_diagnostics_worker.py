@@ -1,4 +1,4 @@
-"""Run by torchrun with 2 processes: a short DDP fit with both attention callbacks and a CSV logger (argv[1]: out dir)."""
+"""Run by torchrun, 2 processes: a short DDP fit with both attention callbacks and a CSV logger (argv[1]: out dir)."""
 from __future__ import annotations
 
 import sys

@@ -99,7 +99,8 @@ def _fit(tmp_path, callbacks, loggers=False, steps=5):
     module.model.blocks[0].drop_path1 = timm.layers.DropPath(0.2)
     recorder = LossRecorder()
     trainer = pl.Trainer(
-        max_steps=steps, val_check_interval=steps, limit_val_batches=2, logger=loggers, callbacks=[recorder, *callbacks],
+        max_steps=steps, val_check_interval=steps, limit_val_batches=2, logger=loggers,
+        callbacks=[recorder, *callbacks],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
         num_sanity_val_steps=0, accelerator="cpu", deterministic=True,
     )

@@ -73,4 +73,5 @@ def test_sweep_on_digits_writes_csv_and_png(tmp_path, monkeypatch):
 
 def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path):
     with pytest.raises(ValueError, match=r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1"):
-        cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8", "--out", str(tmp_path / "s.png")])
+        cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8",
+                  "--out", str(tmp_path / "s.png")])

@@ -10,7 +10,7 @@ import torch
 from timm.models.swin_transformer import SwinTransformerBlock, window_partition
 
 from polyattn_lightning.attention.timm_patch import set_attention
-from polyattn_lightning.callbacks import AttentionNorms
+from polyattn_lightning.callbacks import AttentionNorms, attention_maps
 from polyattn_lightning.callbacks.attention_maps import attention_pictures, collect_maps, stitch_windows
 from polyattn_lightning.callbacks.attention_norms import probe_batch
 from polyattn_lightning.models.lra_encoder import LRAClassifier
@@ -84,3 +84,24 @@ def test_probe_of_a_dict_batch_follows_forward_parameter_names():
     assert len(AttentionNorms().measure(module, (ids, mask))) == 3 * 2 * 3
     with pytest.raises(TypeError, match="define attention_probe"):
         probe_batch(module, {"tokens": batch["input_ids"]}, 4)
+
+
+@pytest.mark.parametrize("family", ["swin", "lra"])
+def test_maps_made_a_few_rows_at_a_time_equal_the_whole_batch(family, monkeypatch):
+    """Swin's shifted-window mask has a row per window, its bias one for all; LRA's padding mask one per sequence."""
+    torch.manual_seed(0)
+    if family == "swin":
+        model = timm.create_model("swin_tiny_patch4_window7_224", num_classes=3, img_size=56, embed_dim=24,
+                                  depths=(2, 2), num_heads=(1, 2))
+        set_attention(model, "relu")
+        probe = torch.randn(2, 3, 56, 56)
+    else:
+        model = LRAClassifier(vocab_size=16, max_length=32, num_classes=10, attention="softmax")
+        mask = torch.ones(3, 20, dtype=torch.bool)
+        mask[1, 9:] = False
+        probe = (torch.randint(1, 16, (3, 20)), mask)
+    whole = collect_maps(model, probe)
+    monkeypatch.setattr(attention_maps, "MAP_ELEMENTS", 1)  # one row at a time
+    for a, b in zip(whole, collect_maps(model, probe)):
+        torch.testing.assert_close(a.heat, b.heat)
+        torch.testing.assert_close(a.tokens, b.tokens)
