@@ -69,11 +69,14 @@ class _DropAdverts(logging.Filter):
         return not str(record.msg).startswith("💡 Tip")
 
 
+_DROP_ADVERTS = _DropAdverts()  # one instance: adding it again is a no-op
+
+
 def quiet_known_noise() -> None:
     """Silence what every run printed and no user can act on: Lightning's litlogger advert and its use of a
     deprecated torch pytree API (``isinstance(treespec, LeafSpec)``). Warnings about the run itself stay."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_DropAdverts())
+        logging.getLogger(name).addFilter(_DROP_ADVERTS)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
