@@ -32,8 +32,9 @@ range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``). fp32
 products use TF32 only if ``torch.backends.cuda.matmul.allow_tf32`` says so.
 
 The launches are ``torch.library.triton_op`` operators (``polyattn::triton_forward``
-and ``polyattn::triton_backward``), so ``torch.compile`` sees through them
-without a graph break. ``triton_compiles`` runs the three kernels once per
+and ``polyattn::triton_backward``), so ``torch.compile`` can see through them
+without a graph break (``test_triton_cuda.py`` checks this on a GPU; the
+interpreter cannot be traced by torch.compile). ``triton_compiles`` runs the three kernels once per
 configuration on tiny inputs: where Triton cannot compile them for the GPU
 (an old architecture, a Triton error), ``attention()`` warns once, naming the
 error, and uses the blocked kernel instead.

@@ -38,3 +38,19 @@ def make_qkv(B=2, H=3, Nq=9, Nk=11, d=4, dv=5, dtype=torch.float64, seed=0):
     shapes = [(B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, dv)]
     return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
 
+
+def philox_keep(seed: int, bh: int, nq: int, nk: int, p: float) -> torch.Tensor:
+    """The documented dropout scheme, written out in numpy: pair (i, j) of head bh is kept iff word j % 4 of
+    Philox4x32-10(key = seed's low/high 32 bits, counter = (j // 4, i, bh, 0)) >= floor(p * 2**32)."""
+    import numpy as np
+
+    low = np.uint64(0xFFFFFFFF)
+    i, j = np.meshgrid(np.arange(nq, dtype=np.uint64), np.arange(nk, dtype=np.uint64), indexing="ij")
+    c = [j // np.uint64(4), i, np.full_like(i, bh), np.zeros_like(i)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & low, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & low]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & low, (k1 + np.uint64(0xBB67AE85)) & low
+    words = np.choose((j % np.uint64(4)).astype(np.int64), c)
+    return torch.from_numpy(words >= min(int(p * 2**32), 2**32 - 1))

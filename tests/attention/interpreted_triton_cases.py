@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from attention_reference import ELEMENTWISE, make_qkv, reference_attention
+from attention_reference import ELEMENTWISE, FORMULAS, make_qkv, philox_keep, reference_attention
 
 from polyattn_lightning.attention import attention, get_activation
 from polyattn_lightning.attention.functional import _pick_kernel
@@ -131,23 +131,6 @@ def test_bias_in_half_precision():
     assert grads[3].dtype == torch.float32 and all(g.isfinite().all() for g in grads)
 
 
-def philox_keep(seed: int, bh: int, nq: int, nk: int, p: float) -> torch.Tensor:
-    """The documented dropout scheme, written out in numpy: pair (i, j) of head bh is kept iff word j % 4 of
-    Philox4x32-10(key = seed's low/high 32 bits, counter = (j // 4, i, bh, 0)) >= floor(p * 2**32)."""
-    import numpy as np
-
-    low = np.uint64(0xFFFFFFFF)
-    i, j = np.meshgrid(np.arange(nq, dtype=np.uint64), np.arange(nk, dtype=np.uint64), indexing="ij")
-    c = [j // np.uint64(4), i, np.full_like(i, bh), np.zeros_like(i)]
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
-    for _ in range(10):
-        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & low, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & low]
-        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & low, (k1 + np.uint64(0xBB67AE85)) & low
-    words = np.choose((j % np.uint64(4)).astype(np.int64), c)
-    return torch.from_numpy(words >= min(int(p * 2**32), 2**32 - 1))
-
-
 @pytest.mark.parametrize("name", ["poly3", "sigmoid"])
 def test_dropout_follows_the_documented_philox_scheme(name):
     q, k, v = make_qkv(B=2, H=2, Nq=40, Nk=37, d=16, dv=16, dtype=torch.float32)
@@ -161,7 +144,7 @@ def test_dropout_follows_the_documented_philox_scheme(name):
     assert abs(keep.float().mean().item() - (1 - p)) < 0.03
     s = q @ k.transpose(-2, -1) / 4.0 + bias
     n = torch.full((1, 1, 1, 1), 37.0)
-    expected = (reference_attention.__globals__["FORMULAS"][name](s, n) * keep / (1 - p)) @ v
+    expected = (FORMULAS[name](s, n) * keep / (1 - p)) @ v
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     inputs = (q, k, v, bias)
     for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
@@ -191,3 +174,4 @@ def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     assert _pick_kernel(q, get_activation("relu"), None, None, 0.0, None) != "triton"
     with pytest.raises(RuntimeError, match="injected"):  # asked for by name, it is not silently replaced
         attention(q, k, v, "relu", kernel="triton")
+

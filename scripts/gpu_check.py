@@ -1,0 +1,283 @@
+"""The GPU path, checked in one command on a CUDA machine; results go to a folder.
+
+    PYTHONPATH=. python scripts/gpu_check.py OUTDIR        # from the repository root; < 5 min on one GPU
+
+Needs only the project source on ``PYTHONPATH`` and whatever torch (>= 2.11),
+triton, timm and pytest the machine has; a part whose packages are missing is
+skipped and the summary says which and why. Parts, each in a subprocess with
+its own time limit (a part that hangs or crashes does not take the others
+along):
+
+1. ``tests``: ``pytest -m cuda tests/attention/test_triton_cuda.py``: the Triton
+   kernel compiled for this GPU against the reference, values and gradients,
+   fp32/bf16/fp16, masks, Swin bias, ragged shapes, large ``|S|`` in fp16,
+   dropout, B*H > 65535, torch.compile.
+2. ``bench``: ``python -m polyattn_lightning.bench attention --device cuda
+   --dtype bfloat16`` at N = 197, 1024, 4096, 16384 (d = 64) against SDPA
+   (FlashAttention for bf16 without a mask).
+3. ``vit``: one ViT-S/16 training step (batch 64, 224 px, AdamW, bf16 autocast),
+   softmax vs poly3, eager and under ``torch.compile``: median step time, peak
+   memory, graph breaks.
+
+Writes ``OUTDIR/gpu_check.json`` (machine, versions, every part's status and
+numbers), ``OUTDIR/summary.txt`` (short text), ``OUTDIR/bench.json``,
+``OUTDIR/tests.log`` and ``OUTDIR/vit.json``.
+
+Exit status: 0 every part that could run passed; 1 a part failed or timed out;
+2 no CUDA GPU is visible (nothing was checked); 3 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("tests", "bench", "vit")
+#: Seconds per part; together well under 5 minutes on an H100/H200 (the Triton and inductor compiles dominate).
+LIMITS = {"tests": 150, "bench": 100, "vit": 200}
+BENCH_SHAPES = "32x6x197x64,8x6x1024x64,2x6x4096x64,1x6x16384x64"
+NO_GPU = 2
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    import torch
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "timm": _version("timm"),
+        "pytest": _version("pytest"),
+        "cuda_available": torch.cuda.is_available(),
+        "cpu_count": os.cpu_count(),
+    }
+    if env["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                   gpu_count=torch.cuda.device_count())
+        if shutil.which("nvidia-smi"):
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True)
+            env["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
+    return env
+
+
+def _run(command: list[str], limit: int, log: Path | None = None) -> dict:
+    """Run a part's subprocess from the repository root with the source on PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    try:
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        output, code = result.stdout + result.stderr, result.returncode
+    except subprocess.TimeoutExpired as error:
+        output = (error.stdout or b"").decode(errors="replace") + (error.stderr or b"").decode(errors="replace")
+        code = None
+    if log is not None:
+        log.write_text(output)
+    status = "timeout" if code is None else "passed" if code == 0 else "failed"
+    return {"status": status, "exit_code": code, "seconds": round(time.perf_counter() - start, 1),
+            "command": " ".join(command), "output_tail": output[-1500:]}
+
+
+def part_tests(env: dict, out: Path) -> dict:
+    missing = [name for name in ("pytest", "triton") if env[name] is None]
+    if missing:
+        return {"status": "skipped", "reason": f"{' and '.join(missing)} not installed"}
+    result = _run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfEs",
+                   "tests/attention/test_triton_cuda.py"], LIMITS["tests"], out / "tests.log")
+    summary = [line for line in result["output_tail"].splitlines() if " passed" in line or " failed" in line]
+    result["pytest"] = summary[-1] if summary else None
+    if result["status"] == "passed" and "skipped" in (result["pytest"] or ""):
+        result["status"] = "failed"  # a CUDA test that skips on a GPU hides something
+    return result
+
+
+def part_bench(env: dict, out: Path) -> dict:
+    if env["triton"] is None:
+        return {"status": "skipped", "reason": "triton not installed: the Triton kernel is what this measures"}
+    result = _run([sys.executable, "-m", "polyattn_lightning.bench", "attention", "--device", "cuda", "--dtype",
+                   "bfloat16", "--shapes", BENCH_SHAPES, "--repeats", "5", "--json", str(out / "bench.json")],
+                  LIMITS["bench"])
+    if (out / "bench.json").exists():
+        report = json.loads((out / "bench.json").read_text())
+        result["ratios"] = {
+            shape: {label: case["ratio"] for label, case in entry["cases"].items()}
+            for shape, entry in report["results"].items()
+        }
+        result["sdpa_ms"] = {shape: {k: round(entry["cases"]["softmax/sdpa"][k] * 1e3, 3) for k in ("fwd_s", "fwd_bwd_s")}
+                             for shape, entry in report["results"].items()}
+        result["targets"] = report["targets"]
+    return result
+
+
+def part_vit(env: dict, out: Path) -> dict:
+    if env["timm"] is None:
+        return {"status": "skipped", "reason": "timm not installed"}
+    result = _run([sys.executable, str(Path(__file__).resolve()), "--vit-step", str(out / "vit.json")], LIMITS["vit"])
+    if (out / "vit.json").exists():
+        result["runs"] = json.loads((out / "vit.json").read_text())
+    return result
+
+
+def vit_step(path: Path, device: str = "cuda", model_name: str = "vit_small_patch16_224", batch: int = 64,
+             image: int = 224, steps: int = 10) -> None:
+    """ViT-S/16 training steps, softmax vs poly3, eager then compiled; appends each run to ``path`` as it ends.
+
+    ``device`` and the sizes are parameters only so that the step can be smoke-tested on CPU.
+    """
+    import timm
+    import torch
+    import torch._dynamo
+
+    from polyattn_lightning.attention.timm_patch import set_attention
+
+    runs = []
+    compile_ok = _version("triton") is not None
+    for compiled in (False, True):
+        for activation in ("softmax", "poly3"):
+            label = f"{activation}/{'compiled' if compiled else 'eager'}"
+            if compiled and not compile_ok:
+                runs.append({"run": label, "status": "skipped", "reason": "triton not installed (inductor needs it)"})
+                continue
+            torch.manual_seed(0)
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            model = timm.create_model(model_name, num_classes=1000, img_size=image).to(device)
+            set_attention(model, activation)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            images = torch.randn(batch, 3, image, image, device=device)
+            labels = torch.randint(0, 1000, (batch,), device=device)
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            forward = torch.compile(model) if compiled else model
+
+            def step():
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(forward(images), labels)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                return loss
+
+            start = time.perf_counter()
+            first_loss = float(step().detach())
+            sync()
+            first_s = time.perf_counter() - start
+            step()
+            sync()
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                loss = step()
+                sync()
+                times.append(time.perf_counter() - start)
+            runs.append({
+                "run": label, "status": "ran", "batch": batch, "median_step_ms": round(statistics.median(times) * 1e3, 2),
+                "first_step_s": round(first_s, 1), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
+                "first_loss": round(first_loss, 4), "last_loss": round(float(loss.detach()), 4),
+                "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()) if compiled else None,
+            })
+            path.write_text(json.dumps(runs, indent=1))
+            del model, optimizer, forward
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    for run in runs:
+        if run["status"] == "ran":
+            base = next((r for r in runs if r["run"] == f"softmax/{run['run'].split('/')[1]}"), None)
+            run["time_vs_softmax"] = round(run["median_step_ms"] / base["median_step_ms"], 3) if base else None
+    path.write_text(json.dumps(runs, indent=1))
+
+
+def summary_text(report: dict) -> str:
+    env = report["environment"]
+    lines = [f"GPU check {report['finished']}: {report['verdict']}"]
+    if env.get("gpu"):
+        lines.append(f"GPU {env['gpu']} (sm_{env['capability'].replace('.', '')}, {env['gpu_memory_gib']} GiB), "
+                     f"driver {env.get('driver')}, torch {env['torch']} (CUDA {env['torch_cuda']}), triton {env['triton']}, "
+                     f"timm {env['timm']}, pytest {env['pytest']}")
+    for name, part in report["parts"].items():
+        line = f"- {name}: {part['status']}"
+        if part.get("reason"):
+            line += f" ({part['reason']})"
+        if part.get("seconds") is not None:
+            line += f" in {part['seconds']} s"
+        if part.get("pytest"):
+            line += f": {part['pytest']}"
+        lines.append(line)
+        for shape, ratios in (part.get("ratios") or {}).items():
+            cells = [f"{label} {r['fwd_bwd_s']:.2f}x" for label, r in ratios.items() if label.endswith("/triton")]
+            lines.append(f"    {shape} fwd+bwd vs SDPA: " + ", ".join(cells))
+        for run in part.get("runs") or []:
+            if run["status"] == "ran":
+                lines.append(f"    {run['run']}: {run['median_step_ms']} ms/step ({run.get('time_vs_softmax')}x softmax), "
+                             f"peak {run['peak_gib']} GiB, graph breaks {run['graph_breaks']}")
+            else:
+                lines.append(f"    {run['run']}: {run['status']} ({run.get('reason')})")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("outdir", type=Path, help="folder for gpu_check.json, summary.txt and the parts' files")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--vit-step", action="store_true", help=argparse.SUPPRESS)  # the vit part's subprocess
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return 3 if exit_.code else 0
+    if args.vit_step:
+        vit_step(args.outdir)
+        return 0
+    parts = args.parts.split(",")
+    if not set(parts) <= set(PARTS):
+        print(f"unknown parts {sorted(set(parts) - set(PARTS))}; expected some of {PARTS}", file=sys.stderr)
+        return 3
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": env, "parts": {}}
+    if not env["cuda_available"]:
+        print(f"NO GPU: PyTorch {env['torch']} (CUDA build {env['torch_cuda']}) sees no CUDA device, so nothing "
+              "was checked. Run this on a machine with an NVIDIA GPU.")
+        report["parts"] = {name: {"status": "skipped", "reason": "no CUDA GPU"} for name in parts}
+        report["verdict"] = "NO GPU: nothing checked"
+        code = NO_GPU
+    else:
+        if tuple(int(x) for x in env["torch"].split("+")[0].split(".")[:2]) < (2, 11):
+            print(f"warning: torch {env['torch']} is older than the 2.11 this check was written for", file=sys.stderr)
+        runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit}
+        for name in parts:
+            print(f"[gpu_check] {name} ...", flush=True)
+            report["parts"][name] = runners[name](env, args.outdir)
+            print(f"[gpu_check] {name}: {report['parts'][name]['status']}", flush=True)
+        bad = [name for name, part in report["parts"].items() if part["status"] in ("failed", "timeout")]
+        report["verdict"] = f"FAILED: {', '.join(bad)}" if bad else "PASSED (skipped parts listed below)"
+        code = 1 if bad else 0
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    (args.outdir / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    text = summary_text(report)
+    (args.outdir / "summary.txt").write_text(text)
+    print(text, end="")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
