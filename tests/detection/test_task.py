@@ -203,3 +203,38 @@ def test_resuming_mid_epoch_gives_the_weights_of_an_uninterrupted_run(coco_root,
         assert torch.equal(resumed["weights"][name], weight), name
     for key, state in reference["optimizer"]["state"].items():
         assert all(torch.equal(resumed["optimizer"]["state"][key][k], v) for k, v in state.items())
+
+
+# ---- the 3x recipe's optimizer and schedule, against mmengine's own ------------------------------------
+
+def test_step_schedule_and_no_decay_groups_equal_mmengines(monkeypatch):
+    """The recipe's parameter groups and lr curve, against mmengine's optimizer constructor (paramwise_cfg
+    custom_keys with decay_mult 0) and its LinearLR + MultiStepLR schedulers, which the XCiT configs use."""
+    from mmengine.optim import DefaultOptimWrapperConstructor, LinearLR, MultiStepLR
+
+    from polyattn_lightning.tasks.optim import OptimRecipe, build_optimizer, build_scheduler
+
+    detector = tiny_detector().detector
+    keys = ["absolute_pos_embed", "relative_position_bias_table", "norm"]
+    recipe = OptimRecipe(lr=1e-4, reference_batch=None, weight_decay=0.05, warmup_steps=5, warmup_lr=1e-7,
+                         schedule="step", decay_epochs=[2, 3], decay_rate=0.1, no_decay_keys=keys)
+    ours = build_optimizer(detector, recipe, recipe.lr)
+    reference = DefaultOptimWrapperConstructor(
+        {"type": "OptimWrapper", "optimizer": {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.05}},
+        {"custom_keys": {key: {"decay_mult": 0.0} for key in keys}},
+    )(detector).optimizer  # (logs every parameter's options at INFO)
+    decay_of = {id(p): g["weight_decay"] for g in reference.param_groups for p in g["params"]}
+    assert {id(p): g["weight_decay"] for g in ours.param_groups for p in g["params"]} == decay_of
+    assert 0 < sum(w == 0 for w in decay_of.values()) < len(decay_of)
+
+    steps_per_epoch, total = 10, 40
+    scheduler = build_scheduler(ours, recipe, total, steps_per_epoch)
+    # mmengine's LinearLR reaches the full lr at update end - 1; the XCiT authors' mmcv 1.x warmup
+    # (warmup_iters=500, ratio 0.001) reaches it at update 500, which is end = warmup + 1 here
+    mm = [LinearLR(reference, start_factor=1e-3, by_epoch=False, begin=0, end=6),
+          MultiStepLR(reference, milestones=[20, 30], gamma=0.1, by_epoch=False)]
+    for update in range(total):
+        assert ours.param_groups[0]["lr"] == pytest.approx(reference.param_groups[0]["lr"], rel=1e-6), update
+        scheduler.step_update(num_updates=update + 1)
+        for s in mm:
+            s.step()
