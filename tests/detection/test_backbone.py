@@ -78,6 +78,20 @@ def test_attention_spec_switches_every_xca_layer():
         assert not torch.allclose(a, b, atol=1e-3)
 
 
+@torch.no_grad()
+def test_batchnorms_convert_to_syncbatchnorm_as_lightning_does_under_ddp():
+    """``trainer.sync_batchnorm: true`` runs torch's convert_sync_batchnorm over the model: every BatchNorm of the
+    backbone (patch embedding, local patch interaction, stride-4 branch) converts, with its statistics."""
+    backbone = tiny_backbone()
+    images = torch.randn(1, 3, 32, 48)
+    expected = backbone(images)
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in backbone.modules())
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(backbone).eval()
+    assert n_bn == 4 + 12 + 1 and sum(isinstance(m, torch.nn.SyncBatchNorm) for m in converted.modules()) == n_bn
+    for a, b in zip(expected, converted(images)):  # eval mode: running statistics, no synchronisation
+        torch.testing.assert_close(a, b)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="needs a timm XCiT model, got 'vit_tiny_patch16_224'"):
         XCiTBackbone("vit_tiny_patch16_224")
