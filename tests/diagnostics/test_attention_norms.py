@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -16,6 +17,8 @@ from polyattn_lightning import cli
 from polyattn_lightning.attention.diagnostics import captured_norms, probe_attention, select_layers
 from polyattn_lightning.attention.timm_patch import set_attention
 from polyattn_lightning.callbacks import AttentionMaps, AttentionNorms
+from polyattn_lightning.checkpoint import load_checkpoint
+from polyattn_lightning.commands.norms import read_norms
 from polyattn_lightning.data import DigitsDataModule
 from polyattn_lightning.tasks import ClassificationModule
 
@@ -132,6 +135,17 @@ def test_callbacks_log_norms_and_maps_and_leave_training_bitwise_unchanged(tmp_p
     pngs = sorted(p.name for p in (tmp_path / "with" / "tb").rglob("*.png"))
     assert pngs == ["step0000005_heatmaps.png", "step0000005_overlay.png"]
 
+    from_tensorboard, from_csv = read_norms(Path(loggers[0].log_dir)), read_norms(Path(loggers[1].log_dir))
+    assert len(from_csv) == 3 * 2 and from_tensorboard.keys() == from_csv.keys()
+    for key, points in from_csv.items():
+        assert [step for step, _ in points] == [0, 2, 4]
+        torch.testing.assert_close(torch.tensor(from_tensorboard[key]), torch.tensor(points), rtol=1e-6, atol=0)
     out = tmp_path / "norms.png"
     cli.main(["norms", str(tmp_path / "with"), "--layer", "2", "--out", str(out)])
     assert out.stat().st_size > 10_000
+
+    # the probe travels in checkpoints (a resumed run measures the same samples), loadable with weights_only
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    state = load_checkpoint(tmp_path / "run.ckpt")["callbacks"]
+    assert torch.equal(state["AttentionNorms"]["probe"], callbacks[0]._probe)
+    assert state["AttentionNorms"]["probe"].shape == (4, 3, 16, 16)
