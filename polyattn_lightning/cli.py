@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -26,7 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from . import data, tasks  # noqa: F401  (registers the short class names)
 from .attention import get_activation
 from .checkpoint import CheckpointLoadError, load_checkpoint
-from .errors import DEBUG_ENV, EXIT_USER_ERROR, MissingPathError, UserInputError, reported
+from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, UserInputError, reported
 from .tasks.models import check_model_name, resolve_pretrained_file
 from .distributed import distributed_teardown
 
@@ -111,6 +112,32 @@ class ShortErrorParser(LightningArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
 
+def check_yaml_syntax(args: list[str]) -> None:
+    """A ``--config`` file, or a YAML piece it names, that is not valid YAML: an error naming that file and line
+    (jsonargparse parses the text and says ``in "<unicode string>"``). Missing files are left to jsonargparse."""
+    pending = [Path(value) for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    pending += [Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("--config=")]
+    seen: set[Path] = set()
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            with path.open() as file:
+                stack = [yaml.safe_load(file)]
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from err
+        while stack:  # the pieces it names, relative to it
+            node = stack.pop()
+            if isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, str) and node.endswith((".yaml", ".yml")):
+                pending.append(path.parent / node)
+
+
 def init_args(component) -> dict:
     """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
     args = component.get("init_args") if hasattr(component, "get") else None
@@ -172,6 +199,7 @@ class PolyattnCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         self.given_args = [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        check_yaml_syntax(self.given_args)
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:

@@ -88,6 +88,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     save_file({"w": torch.zeros(1000)}, weights)
     weights.write_bytes(weights.read_bytes()[:100])
     (project / "truncated.ckpt").write_bytes(b"PK\x03\x04" + b"\0" * 50)
+    (project / "broken.yaml").write_text("trainer: {max_epochs: 1\nmodel:\n  init_args: {}\n")
     fit = ["fit", "--config", "folder.yaml", "--trainer.max_epochs", "1"]
     results = run(
         project,
@@ -104,6 +105,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
         [*fit, "--model.num_classes", "5"],
         [*fit, "--model.img_size", "32"],
         ([*fit, "--model.attention", "poly3x"], {"POLYATTN_DEBUG": "1"}),
+        [*fit, "--config", "broken.yaml"],
     )
     assert_short_error(results[0], "model.init_args.attention", "unknown attention activation 'poly3x'", "registered:")
     assert_short_error(results[1], "scale must be positive, got -1")
@@ -121,6 +123,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert_short_error(results[11], "model.init_args.img_size is 32 but data.init_args.img_size is 16")
     assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
+    assert_short_error(results[13], "broken.yaml is not valid YAML", 'in "broken.yaml", line 1', max_lines=8)
 
 
 def test_internal_errors_keep_their_traceback():
@@ -213,8 +216,9 @@ def test_check_data_names_every_unreadable_image(project: Path):
     assert "DataLoader worker" not in error
 
 
-def test_data_help_spells_out_the_layout(capsys):
+def test_data_help_spells_out_the_layout(capsys, monkeypatch):
     """``--data.root``'s help is read on the command line, where ``layout`` (a class attribute) is not visible."""
+    monkeypatch.setattr(sys, "argv", ["polyattn"])  # the arguments are given below, not pytest's
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["fit", "--data.help", "ImageFolderDataModule"])
     assert exit_info.value.code in (0, None)
