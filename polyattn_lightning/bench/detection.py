@@ -27,10 +27,11 @@ import torch
 import yaml
 from torch import nn
 
+from ..attention import get_activation
 from .attention import machine
 
 #: The detector benchmarked when ``--config`` is not given (a source checkout's configs/).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "detection" / "model" / "mask_rcnn_xcit_s12_p16_fpn.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml"
 DEFAULT_POLY3 = "{name: poly3, scale: 0.0714}"
 
 
@@ -44,7 +45,8 @@ def synthetic_batch(batch: int, height: int, width: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     samples = []
     for index in range(batch):
-        boxes = np.array([[0.1, 0.1, 0.5, 0.6], [0.4, 0.3, 0.9, 0.8], [0.05, 0.55, 0.35, 0.95]]) * [width, height, width, height]
+        corners = np.array([[0.1, 0.1, 0.5, 0.6], [0.4, 0.3, 0.9, 0.8], [0.05, 0.55, 0.35, 0.95]])
+        boxes = corners * [width, height, width, height]
         masks = np.zeros((len(boxes), height, width), np.uint8)
         for mask, (x1, y1, x2, y2) in zip(masks, boxes.astype(int)):
             mask[y1:y2, x1:x2] = 1
@@ -109,25 +111,35 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench detection", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m polyattn_lightning.bench detection", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="mmdet model mapping (YAML)")
     parser.add_argument("--size", type=_size, default=(256, 256), help="image height x width (default 256x256)")
     parser.add_argument("--batch", type=int, default=1, help="images per step (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per model (median reported)")
-    parser.add_argument("--attention", default=DEFAULT_POLY3, help=f"the attention against softmax (default {DEFAULT_POLY3})")
+    parser.add_argument(
+        "--attention", default=DEFAULT_POLY3, help=f"the attention against softmax (default {DEFAULT_POLY3})"
+    )
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"--config {args.config}: no such file (the default lives in a source checkout's configs/)")
     attention = yaml.safe_load(args.attention)
+    try:
+        label = get_activation(attention).name
+    except (TypeError, ValueError, KeyError) as err:
+        parser.error(f"--attention {args.attention}: {err}")
+    if label == "softmax":
+        parser.error("--attention: give the activation to compare with softmax, e.g. poly3")
 
     load_before = os.getloadavg()
     torch.manual_seed(0)
     softmax = build_detector(args.config, "softmax")
     other = build_detector(args.config, attention)
     other.load_state_dict(softmax.state_dict())
-    models = {"softmax": softmax, "poly3" if attention == yaml.safe_load(DEFAULT_POLY3) else str(args.attention): other}
+    models = {"softmax": softmax, label: other}
     batch = synthetic_batch(args.batch, *args.size)
     images = softmax.data_preprocessor(batch, True)["inputs"]
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05) for name, m in models.items()}
@@ -140,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     times = interleaved(steps, args.repeats)
     medians = {name: statistics.median(t) for name, t in times.items()}
     (base, other_name) = list(models)
-    ratios = {part: medians[f"{other_name}/{part}"] / medians[f"{base}/{part}"] for part in ("train_step", "backbone_fwd_bwd")}
+    parts = ("train_step", "backbone_fwd_bwd")
+    ratios = {part: medians[f"{other_name}/{part}"] / medians[f"{base}/{part}"] for part in parts}
 
     print(f"| case | {base} (s) | {other_name} (s) | ratio |")
     print("|---|---|---|---|")

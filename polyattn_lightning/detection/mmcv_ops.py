@@ -65,7 +65,8 @@ def roi_align_forward(
         raise _unavailable("roi_align_forward", " with pool_mode='max'")
     x = _kernel_dtype(input)
     out = torch.ops.torchvision.roi_align(
-        x, rois.to(x.dtype), float(spatial_scale), int(aligned_height), int(aligned_width), int(sampling_ratio), bool(aligned)
+        x, rois.to(x.dtype), float(spatial_scale), int(aligned_height), int(aligned_width), int(sampling_ratio),
+        bool(aligned),
     )
     output.copy_(out)
 
@@ -181,4 +182,6 @@ def install() -> bool:
     return True
 
 
-__all__ = ["MMCVOpUnavailable", "PROVIDED", "TorchvisionExt", "install", "nms", "roi_align_backward", "roi_align_forward"]
+__all__ = [
+    "MMCVOpUnavailable", "PROVIDED", "TorchvisionExt", "install", "nms", "roi_align_backward", "roi_align_forward",
+]

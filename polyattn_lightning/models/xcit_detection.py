@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import timm
-import torch
 from safetensors.torch import load_file as load_safetensors
 from timm.models.xcit import Xcit, checkpoint_filter_fn
 from torch import Tensor, nn
@@ -83,7 +82,9 @@ class XCiTBackbone(nn.Module):
         super().__init__()
         if not timm.is_model(model_name):
             raise ValueError(f"unknown timm model {model_name!r}; XCiT models: {', '.join(timm.list_models('xcit_*'))}")
-        xcit = timm.create_model(model_name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
+        xcit = timm.create_model(
+            model_name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs
+        )
         if not isinstance(xcit, Xcit):
             raise ValueError(f"XCiTBackbone needs a timm XCiT model, got {model_name!r} ({type(xcit).__name__})")
         depth = len(xcit.blocks)
@@ -125,7 +126,9 @@ class XCiTBackbone(nn.Module):
                 f"(e.g. {', '.join(list(state)[:3]) or 'none'}) is an XCA temperature or local patch interaction "
                 "(blocks.<i>.attn.temperature, blocks.<i>.local_mp.*)"
             )
-        wrong = [f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})" for k in found if state[k].shape != own[k].shape]
+        wrong = [
+            f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})" for k in found if state[k].shape != own[k].shape
+        ]
         if wrong:
             raise ValueError(f"pretrained weights {file} do not fit {self.model_name}: {'; '.join(wrong[:5])}")
         result = self.xcit.load_state_dict(state, strict=False)
@@ -152,7 +155,8 @@ def read_state_dict(file: Path) -> Mapping[str, Tensor]:
         try:
             return load_safetensors(str(file))
         except Exception as err:
-            raise CheckpointLoadError(f"pretrained weights {file} are truncated or corrupt ({describe_error(err)})") from err
+            message = f"pretrained weights {file} are truncated or corrupt ({describe_error(err)})"
+            raise CheckpointLoadError(message) from err
     state = load_checkpoint(file)  # weights_only, CRC-checked; errors name the file
     for key in ("state_dict", "model"):
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):

@@ -57,6 +57,8 @@ def test_bench_runs_a_training_step_of_each_and_writes_json(narrow_config, tmp_p
     (["--size", "16x300"], "size '16x300': each side must be at least 32"),
     (["--size", "big"], "size 'big': expected HxW"),
     (["--config", "/nonexistent/model.yaml"], "--config /nonexistent/model.yaml: no such file"),
+    (["--attention", "softmax"], "--attention: give the activation to compare with softmax"),
+    (["--attention", "poly33x"], "--attention poly33x: "),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
