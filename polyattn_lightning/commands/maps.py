@@ -70,7 +70,9 @@ def input_size(module: LightningModule, given: int | None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn maps", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="polyattn maps", description=(
+        "Heat maps of phi(S) per layer and head, and where the model looks over each image, for a checkpoint "
+        "and image files: writes OUT/heatmaps.png and OUT/overlay.png."))
     p.add_argument("--ckpt", type=Path, required=True, help="checkpoint of a trained run")
     p.add_argument("--image", type=Path, action="append", required=True, help="image file (repeat for several)")
     p.add_argument("--layer", type=layer_ref, action="append", help="1-based attention layer or module name (repeat); "

@@ -127,7 +127,9 @@ def norms_figure(runs: dict[str, Series], layers: list[int] | None, quantities: 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn norms", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="polyattn norms", description=(
+        "Draw the attention norms runs logged (TensorBoard or CSV) against the training step: a line per run, "
+        "a panel per layer, a row per norm."))
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     p.add_argument("--layer", type=int, action="append",

@@ -104,7 +104,9 @@ def sweep_figure(rows: list[dict], title: str) -> Figure:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn sweep", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="polyattn sweep", description=(
+        "Train a config briefly for every attention scale and sequence length and plot the final validation "
+        "top-1 against the scale (log axis), a line per length; writes the PNG and a CSV beside it."))
     p.add_argument("--config", type=Path, required=True, help="a classification config, e.g. the digits quickstart")
     p.add_argument("--scales", type=float, nargs="+", required=True, help="attention scale factors")
     p.add_argument("--lengths", type=int, nargs="+", required=True, help="sequence lengths (patches per image)")
