@@ -16,6 +16,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -138,6 +139,18 @@ def check_yaml_syntax(args: list[str]) -> None:
                 pending.append(path.parent / node)
 
 
+def config_attention(files) -> Any:
+    """The ``model.init_args.attention`` the ``--config`` files give (the last that gives one), or None."""
+    for file in reversed([Path(str(path)) for path in files]):
+        model = (yaml.safe_load(file.read_text()) or {}).get("model") if file.is_file() else None
+        if isinstance(model, str) and model.endswith((".yaml", ".yml")):
+            model = yaml.safe_load((file.parent / model).read_text())
+        attention = (model.get("init_args") or {}).get("attention") if isinstance(model, dict) else None
+        if attention is not None:
+            return attention
+    return None
+
+
 def init_args(component) -> dict:
     """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
     args = component.get("init_args") if hasattr(component, "get") else None
@@ -233,7 +246,7 @@ class PolyattnCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Log to ``runs/<config name>/version_N`` unless the logger was given a name (``<config name>_<activation>``
-        when ``--model.attention`` replaces the config's); ``validate``/``test``/``predict`` of a checkpoint log to
+        when ``--model.attention`` gives another activation than the config's); ``validate``/``test``/``predict`` of a checkpoint log to
         :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
         file. Then :func:`check_config`, so a bad name or path stops the run before any model is built."""
@@ -244,7 +257,9 @@ class PolyattnCLI(LightningCLI):
             name = Path(str(files[-1])).stem
             if model_args is not None and any(re.match(r"--model\.(init_args\.)?attention\b", arg)
                                               for arg in getattr(self, "given_args", [])):
-                name = f"{name}_{activation_label(model_args.attention)}"
+                label = activation_label(model_args.attention)
+                if label != activation_label(config_attention(files) or ""):
+                    name = f"{name}_{label}"
             logger.init_args.name = name
         if self.subcommand in ("validate", "test", "predict") and config.get("ckpt_path") and hasattr(logger, "init_args"):
             if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():

@@ -102,7 +102,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
         ["validate", "--config", "folder.yaml", "--ckpt_path", "truncated.ckpt"],
         [*fit, "--trainer.max_epoch", "1"],
         [*fit, "--model.num_classes", "abc"],
-        [*fit, "--model.num_classes", "5"],
+        [*fit, "--model.num_classes", "5", "--model.attention", "poly3"],  # the config's activation: no suffix
         [*fit, "--model.img_size", "32"],
         ([*fit, "--model.attention", "poly3x"], {"POLYATTN_DEBUG": "1"}),
         [*fit, "--config", "broken.yaml"],
@@ -120,6 +120,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert "Does not validate against any of the Union subtypes" not in results[9]["output"]
     # errors found after the run started: still short, and no empty version folder left behind
     assert_short_error(results[10], "model.init_args.num_classes is 5 but ImageFolderDataModule has 3 classes")
+    assert f"to {Path('runs/folder/version_0')}\n" in results[10]["output"]
     assert_short_error(results[11], "model.init_args.img_size is 32 but data.init_args.img_size is 16")
     assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
