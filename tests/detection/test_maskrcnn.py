@@ -61,7 +61,7 @@ def _sample(height: int, width: int, seed: int) -> dict:
 
 @pytest.fixture(scope="module")
 def batch() -> dict:
-    return pseudo_collate([_sample(48, 64, 0), _sample(40, 56, 1)])  # padded to one batch shape
+    return pseudo_collate([_sample(48, 64, 0), _sample(37, 53, 1)])  # 74 x 106 after resizing: padded to 32s
 
 
 @pytest.mark.parametrize("name, depth, blocks, width", [
@@ -94,6 +94,7 @@ def test_loss_and_backward_reach_the_backbone(batch):
 def test_predict_returns_boxes_and_masks_in_original_image_coordinates(batch):
     model = small_detector("softmax").eval()
     data = model.data_preprocessor(copy.deepcopy(batch), False)
+    assert tuple(data["inputs"].shape[-2:]) == (96, 128)  # 96 x 128 and 74 x 106 (not a multiple of 16) padded
     original = model.predict(data["inputs"], copy.deepcopy(data["data_samples"]), rescale=True)
     resized = model.predict(data["inputs"], copy.deepcopy(data["data_samples"]), rescale=False)
     for sample, in_original, in_resized in zip(data["data_samples"], original, resized):
