@@ -75,3 +75,13 @@ def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path):
     with pytest.raises(ValueError, match=r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1"):
         cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8",
                   "--out", str(tmp_path / "s.png")])
+
+
+def test_norms_command_names_runs_without_norms(tmp_path):
+    run = tmp_path / "runs" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,2.3\n")
+    with pytest.raises(ValueError, match=r"no attention norms logged under .*runs: train with the AttentionNorms"):
+        cli.main(["norms", str(tmp_path / "runs"), "--out", str(tmp_path / "n.png")])
+    with pytest.raises(FileNotFoundError, match=r"run directory .*missing does not exist"):
+        cli.main(["norms", str(tmp_path / "missing"), "--out", str(tmp_path / "n.png")])
