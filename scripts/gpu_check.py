@@ -224,8 +224,9 @@ def summary_text(report: dict) -> str:
             line += f": {part['pytest']}"
         lines.append(line)
         for shape, ratios in (part.get("ratios") or {}).items():
-            cells = [f"{label} {r['fwd_bwd_s']:.2f}x" for label, r in ratios.items() if label.endswith("/triton")]
-            lines.append(f"    {shape} fwd+bwd vs SDPA: " + ", ".join(cells))
+            cells = [f"{label} {r['fwd_bwd_s']:.2f}x" + (f" (memory {r['peak_bytes']:.2f}x)" if "peak_bytes" in r else "")
+                     for label, r in ratios.items() if label.endswith("/triton")]
+            lines.append(f"    {shape} fwd+bwd vs SDPA: " + (", ".join(cells) or "no Triton case ran"))
         for run in part.get("runs") or []:
             if run["status"] == "ran":
                 lines.append(f"    {run['run']}: {run['median_step_ms']} ms/step ({run.get('time_vs_softmax')}x softmax), "
