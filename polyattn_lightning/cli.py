@@ -151,6 +151,16 @@ def config_attention(files) -> Any:
     return None
 
 
+def is_lightning_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a dict with a ``state_dict`` (memory-mapped: no tensor is read); True when that cannot
+    be told this way (a legacy-format or damaged file: the safe load that follows names what is wrong)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return True
+    return isinstance(checkpoint, dict) and "state_dict" in checkpoint
+
+
 def init_args(component) -> dict:
     """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
     args = component.get("init_args") if hasattr(component, "get") else None
@@ -228,6 +238,9 @@ class PolyattnCLI(LightningCLI):
             if not Path(ckpt_path).is_file():
                 raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         before = init_args(self.config[subcommand].model)
+        if Path(ckpt_path).is_file() and not is_lightning_checkpoint(ckpt_path):
+            raise CheckpointLoadError(f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'state_dict'): "
+                                      "to start from a weight file, pass it as --model.pretrained instead")
         try:
             super()._parse_ckpt_path()
             replaced = {key: value for key, value in init_args(self.config[subcommand].model).items()

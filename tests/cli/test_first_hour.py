@@ -88,6 +88,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     save_file({"w": torch.zeros(1000)}, weights)
     weights.write_bytes(weights.read_bytes()[:100])
     (project / "truncated.ckpt").write_bytes(b"PK\x03\x04" + b"\0" * 50)
+    torch.save({"w": torch.zeros(3)}, project / "weights.pth")
     (project / "broken.yaml").write_text("trainer: {max_epochs: 1\nmodel:\n  init_args: {}\n")
     fit = ["fit", "--config", "folder.yaml", "--trainer.max_epochs", "1"]
     results = run(
@@ -106,6 +107,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
         [*fit, "--model.img_size", "32"],
         ([*fit, "--model.attention", "poly3x"], {"POLYATTN_DEBUG": "1"}),
         [*fit, "--config", "broken.yaml"],
+        ["validate", "--config", "folder.yaml", "--ckpt_path", "weights.pth"],
     )
     assert_short_error(results[0], "model.init_args.attention", "unknown attention activation 'poly3x'", "registered:")
     assert_short_error(results[1], "scale must be positive, got -1")
@@ -125,6 +127,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
     assert_short_error(results[13], "broken.yaml is not valid YAML", 'in "broken.yaml", line 1', max_lines=8)
+    assert_short_error(results[14], "--ckpt_path weights.pth is not a Lightning checkpoint", "--model.pretrained")
 
 
 def test_internal_errors_keep_their_traceback():
