@@ -213,6 +213,7 @@ def _run_fresh(code: str, tmp_path) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # fresh interpreters, each importing mmdet
 def test_import_after_a_failed_mmdet_import_and_after_stubs_were_bound(tmp_path):
     out = _run_fresh(
         """
@@ -251,6 +252,7 @@ def test_import_after_a_failed_mmdet_import_and_after_stubs_were_bound(tmp_path)
     assert out.strip() == "[1]"
 
 
+@pytest.mark.slow  # fresh interpreters, each importing mmdet
 def test_an_importable_mmcv_ext_takes_precedence(tmp_path):
     (tmp_path / "mmcv_ext_dir").mkdir()
     (tmp_path / "mmcv_ext_dir" / "_ext.py").write_text(textwrap.dedent(
