@@ -445,8 +445,10 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return pb;
 }
 
-// Items are (query block, head) pairs, query block major: at::parallel_for gives each
-// thread a contiguous range, so heads of different key lengths are spread evenly.
+// Items are (head, query block) pairs; at::parallel_for gives each thread a contiguous
+// range. Head major, a thread's consecutive items reuse one head's K and V from cache;
+// under key lengths the order is query block major, so that heads of different
+// lengths (different work) are spread evenly over the threads.
 template <typename T>
 void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
                   int64_t block_q, int64_t block_k) {
@@ -457,7 +459,8 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
     T* tile = buffers.get(at::get_thread_num());
     auto* bits = reinterpret_cast<uint32_t*>(tile + tile_size);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item % pb.bh, i0 = (item / pb.bh) * block_q;
+      const int64_t h = pb.key_lengths ? item % pb.bh : item / q_blocks;
+      const int64_t i0 = (pb.key_lengths ? item / pb.bh : item % q_blocks) * block_q;
       const int64_t rows = std::min(block_q, pb.nq - i0), nk = pb.keys(h);
       const T* qi = q + (h * pb.nq + i0) * pb.d;
       T* oi = out + (h * pb.nq + i0) * pb.dv;
