@@ -24,7 +24,8 @@ TINY_RUN = [
     "--data.init_args.train_sizes", "[64]", "--data.init_args.crop_sizes", "[56, 64]",
     "--data.init_args.crop_size", "[48, 64]", "--data.init_args.test_size", "64",
     "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
-    "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
+    "--trainer.val_check_interval", "1.0", "--trainer.num_sanity_val_steps", "0",
+    "--trainer.enable_progress_bar", "false",
 ]
 
 
