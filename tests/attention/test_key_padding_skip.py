@@ -56,18 +56,20 @@ def test_non_prefix_key_masks_keep_their_holes(threads, small_tiles):
     keep[0, 3] = keep[1, 7] = keep[2, 0] = False
     with num_threads(threads):
         out = attention(q, k, v, "poly3", attn_mask=keep[:, None, None, :], kernel="fused_cpu")
-        assert_matches_reference_attention(out, reference_attention(q, k, v, "poly3", keep=keep[:, None, None, :]), (q, k, v))
+        expected = reference_attention(q, k, v, "poly3", keep=keep[:, None, None, :])
+        assert_matches_reference_attention(out, expected, (q, k, v))
 
 
 def test_keys_beyond_the_length_are_never_read(small_tiles):
     """NaN in padded keys and values: a kernel that visited them would get NaN in dQ (0 * NaN), even masked."""
     q, k, v = make_qkv(B=2, H=2, Nq=7, Nk=9)
     padding = _padding([5, 9], 9)
-    k_nan, v_nan = (x.detach().clone().masked_fill(padding[:, None, :, None], float("nan")).requires_grad_() for x in (k, v))
+    behind = padding[:, None, :, None]
+    k_nan, v_nan = (x.detach().masked_fill(behind, float("nan")).requires_grad_() for x in (k, v))
     out = attention(q, k_nan, v_nan, "poly3", key_padding_mask=padding, kernel="fused_cpu")
     dq, dk, dv = _grads(out, (q, k_nan, v_nan))
     assert out.isfinite().all() and dq.isfinite().all()
-    assert torch.equal(dk[0, :, 5:], torch.zeros_like(dk[0, :, 5:])) and torch.equal(dv[0, :, 5:], torch.zeros_like(dv[0, :, 5:]))
+    assert not dk[0, :, 5:].any() and not dv[0, :, 5:].any()  # padded keys get zero gradients
     expected = attention(q, k, v, "poly3", key_padding_mask=padding, kernel="materialized")
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(dq, _grads(expected, (q, k, v))[0])
