@@ -8,7 +8,8 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
 
 * ``throughput``: Text (one 4096-token sequence per sample) and Retrieval (two towers of
   4096) with LRA-style padding: the batch's sequences keep 100% down to 50% of their tokens
-  (attention bench's ``padding_mask``); a Retrieval sample is a pair. Cases: softmax, poly3 and poly1 (both scaled 1/14),
+  (attention bench's ``padding_mask``); a Retrieval sample is a pair. Cases: softmax, poly3 and
+  poly1 (both scaled 1/14),
   each with the recipe's attention dropout 0.1 and without it (``+drop0``; poly1 then runs
   in linear time). After one warm-up step each, the cases run round-robin ``--repeats``
   times (median reported) as sequences per second; then one step each under the allocator
@@ -47,7 +48,9 @@ THROUGHPUT_CASES = [
     ("softmax+drop0", "softmax", 0.0), ("poly3+drop0", POLY3, 0.0), ("poly1+drop0", POLY1, 0.0),
 ]
 #: (label, activation, attention dropout, autocast to bf16) of the Retrieval 4k part
-RETRIEVAL_CASES = [("softmax+drop0", "softmax", 0.0, False), ("poly3", POLY3, 0.1, False), ("poly3+bf16", POLY3, 0.1, True)]
+RETRIEVAL_CASES = [
+    ("softmax+drop0", "softmax", 0.0, False), ("poly3", POLY3, 0.1, False), ("poly3+bf16", POLY3, 0.1, True),
+]
 VOCAB = 257  # bytes + padding, as the Text and Retrieval data
 
 

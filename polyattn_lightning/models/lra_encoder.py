@@ -60,7 +60,8 @@ class LRAAttention(SwitchedAttention):
             self.capture(self, AttentionInputs(q, k, v, temperature, attn_mask=keep))
         dropout_p = self.attn_drop.p if self.training else 0.0
         return attention(
-            q, k, v, self.activation_spec, temperature=temperature, key_padding_mask=key_padding_mask, dropout_p=dropout_p
+            q, k, v, self.activation_spec,
+            temperature=temperature, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
         )
 
 

@@ -103,7 +103,9 @@ def build_scheduler(optimizer: Optimizer, recipe: OptimRecipe, total_steps: int,
     Call ``step_update(num_updates=global_step)`` after every optimizer step.
     """
     if not math.isfinite(total_steps):
-        raise ValueError(f"the {recipe.schedule} schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+        raise ValueError(
+            f"the {recipe.schedule} schedule needs a finite run: set trainer.max_epochs or trainer.max_steps"
+        )
     if recipe.schedule not in (*SCHEDULES, "step"):
         raise ValueError(
             f"unknown schedule {recipe.schedule!r} in the optim recipe; expected one of {sorted([*SCHEDULES, 'step'])}"

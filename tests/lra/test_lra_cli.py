@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_lra_data import write_aan, write_cifar, write_imdb, write_pathfinder  # the data tests' writers of the official formats
+from test_lra_data import write_aan, write_cifar, write_imdb, write_pathfinder  # writers of the official formats
 from torch.utils.cpp_extension import get_default_build_root
 
 from polyattn_lightning import cli
@@ -64,7 +64,8 @@ def test_config_composes_to_the_recipe(path: Path):
     data_class, batch, steps, warmup = RECIPE[task]
     assert type(data).__name__ == data_class and data.batch_size == batch
     assert trainer.max_steps == steps and module.optim.warmup_steps == warmup
-    assert (module.optim.lr, module.optim.weight_decay, module.optim.eps, module.optim.schedule) == (1e-4, 0, 1e-6, "linear")
+    optim = module.optim
+    assert (optim.lr, optim.weight_decay, optim.eps, optim.schedule) == (1e-4, 0, 1e-6, "linear")
     hp = module.hparams
     assert (hp.dim, hp.depth, hp.num_heads, hp.head_dim, hp.mlp_dim, hp.dropout) == (64, 2, 2, 32, 128, 0.1)
     assert hp.attn_dropout == (0.0 if activation == "poly1_attn_dropout0" else 0.1)
@@ -105,7 +106,8 @@ def scalars(log_dir: Path, tag: str) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    "config", ["listops_softmax", "text_poly3_inv_sqrt_n", "retrieval_poly1_attn_dropout0", "image_relu", "pathfinder_poly3"]
+    "config",
+    ["listops_softmax", "text_poly3_inv_sqrt_n", "retrieval_poly1_attn_dropout0", "image_relu", "pathfinder_poly3"],
 )
 def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, config):
     task = config.split("_")[0]

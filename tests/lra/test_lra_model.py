@@ -22,7 +22,9 @@ def tanh_attn(monkeypatch):
     """A custom activation registered for one test (runs on the blocked kernel)."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_RESOLVED", {})
-    registry.register_activation("lra_test_tanh", lambda scale="inv_n": Activation("lra_test_tanh", torch.tanh, tanh_grad, scale=scale))
+    registry.register_activation(
+        "lra_test_tanh", lambda scale="inv_n": Activation("lra_test_tanh", torch.tanh, tanh_grad, scale=scale)
+    )
     return "lra_test_tanh"
 
 
