@@ -18,6 +18,7 @@ from polyattn_lightning.data.lra.listops import (
     generate,
     tokenize,
 )
+from polyattn_lightning.errors import ConfigError, DataError, MissingPathError
 
 SMALL = ListOpsSpec(num_train=60, num_val=10, num_test=10, min_length=10, max_length=80, max_depth=4, max_args=5, seed=1)
 
@@ -141,21 +142,21 @@ def test_long_sequences_truncated_with_one_warning(tmp_path):
 def test_malformed_row_names_file_and_line(tmp_path, row, message):
     root = release(tmp_path)
     write_release_tsv(root / "listops-1000" / "basic_train.tsv", [("[MIN 1 2 ]", "1"), row])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         ListOpsDataModule(root=str(root)).setup()
 
 
 def test_missing_header_and_missing_files(tmp_path):
     root = release(tmp_path)
     (root / "listops-1000" / "basic_val.tsv").write_text("[MAX 1 2 ]\t2\n")
-    with pytest.raises(ValueError, match=r"basic_val\.tsv:1: expected a header row"):
+    with pytest.raises(DataError, match=r"basic_val\.tsv:1: expected a header row"):
         ListOpsDataModule(root=str(root)).setup()
     (root / "listops-1000" / "basic_test.tsv").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing .*basic_test\.tsv; expected layout"):
+    with pytest.raises(MissingPathError, match=r"missing .*basic_test\.tsv; expected layout"):
         ListOpsDataModule(root=str(root)).load(root)
-    with pytest.raises(FileNotFoundError, match=r"data root .*nowhere does not exist; expected layout"):
+    with pytest.raises(MissingPathError, match=r"data root .*nowhere does not exist; expected layout"):
         ListOpsDataModule(root=str(tmp_path / "nowhere"), generate=SMALL).setup()
-    with pytest.raises(ValueError, match="needs --data.root"):
+    with pytest.raises(ConfigError, match="needs --data.root"):
         ListOpsDataModule().setup()
 
 

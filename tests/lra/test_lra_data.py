@@ -24,6 +24,7 @@ from polyattn_lightning.data.lra import (
     TokenDataset,
 )
 from polyattn_lightning.data.lra.image import to_grayscale
+from polyattn_lightning.errors import DataError, MissingPathError
 
 
 def batches(dm, split="train"):
@@ -230,14 +231,18 @@ def test_cifar_pickles_split_and_black_pixels_attended(tmp_path):
 def test_cifar_bad_files(tmp_path):
     root = write_cifar(tmp_path)
     (root / "cifar-10-batches-py" / "data_batch_3").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing .*data_batch_3; expected layout"):
+    with pytest.raises(MissingPathError, match=r"missing .*data_batch_3; expected layout"):
         CIFAR10GrayDataModule(root=str(root), val_size=5).setup()
     with open(root / "cifar-10-batches-py" / "data_batch_3", "wb") as f:
         pickle.dump({b"data": Path("x"), b"labels": []}, f)  # a class that is not an array: refused
-    with pytest.raises(ValueError, match=r"data_batch_3: not a CIFAR-10 python batch .*refusing to load pathlib"):
+    with pytest.raises(DataError, match=r"data_batch_3: not a CIFAR-10 python batch .*refusing to load pathlib"):
         CIFAR10GrayDataModule(root=str(root), val_size=5).setup()
-    with pytest.raises(FileNotFoundError, match=r"data root .*missing does not exist"):
+    with pytest.raises(MissingPathError, match=r"data root .*missing does not exist"):
         CIFAR10GrayDataModule(root=str(tmp_path / "missing")).setup()
+    # the CLI's check before any model is built: the same error
+    with pytest.raises(MissingPathError, match=r"data root .*missing does not exist; expected layout:\ncifar-10-batches-py"):
+        CIFAR10GrayDataModule.check_paths(root=str(tmp_path / "missing"), val_size=5)
+    CIFAR10GrayDataModule.check_paths(root=str(root))
 
 
 # --- Pathfinder: text-format .npy metadata and PNGs --------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset, Subset
 
+from ...errors import ConfigError, DataError, MissingPathError
 from ..base import ImageDataModule
 
 PAD_ID = 0
@@ -100,7 +101,7 @@ class TokenDataset(Dataset):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.shift = shift
         if any(len(tower) != len(self.labels) for tower in self.towers):
-            raise ValueError(f"{[len(t) for t in self.towers]} sequences for {len(self.labels)} labels")
+            raise DataError(f"{[len(t) for t in self.towers]} sequences for {len(self.labels)} labels")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -146,7 +147,7 @@ class PadCollate:
 def seeded_split(dataset: Dataset, sizes: Sequence[int], seed: int) -> list[Subset]:
     """Disjoint subsets of the given sizes from one seeded permutation: the same split on every run and rank."""
     if sum(sizes) > len(dataset):
-        raise ValueError(f"cannot split {len(dataset)} samples into {list(sizes)}")
+        raise ConfigError(f"cannot split {len(dataset)} samples into {list(sizes)}")
     order = np.random.default_rng(seed).permutation(len(dataset))
     starts = np.cumsum([0, *sizes])
     return [Subset(dataset, order[start:stop].tolist()) for start, stop in zip(starts[:-1], starts[1:])]
@@ -166,7 +167,7 @@ def parse_label(text: str, num_classes: int, where: str) -> int:
     except ValueError:
         value = float("nan")
     if not value.is_integer() or not 0 <= value < num_classes:
-        raise ValueError(f"{where}: label {text!r} is not a class in 0..{num_classes - 1}")
+        raise DataError(f"{where}: label {text!r} is not a class in 0..{num_classes - 1}")
     return int(value)
 
 
@@ -206,14 +207,19 @@ class LRADataModule(ImageDataModule):
         """The train, validation and test sets read from ``root``."""
         raise NotImplementedError
 
+    @classmethod
+    def check_paths(cls, root: str | None = None, **_) -> None:
+        """Called by the CLI before any model is built: a given ``root`` must be a directory."""
+        if root is not None and not Path(root).expanduser().is_dir():
+            raise MissingPathError(f"data root {root} does not exist; expected layout:\n{cls.layout}")
+
     def data_root(self) -> Path:
         if self.root is None:
-            raise ValueError(f"{type(self).__name__} needs --data.root, a folder holding:\n{self.layout}")
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"data root {self.root} does not exist; expected layout:\n{self.layout}")
+            raise ConfigError(f"{type(self).__name__} needs --data.root, a folder holding:\n{self.layout}")
+        self.check_paths(str(self.root))
         return self.root
 
     def require_file(self, path: Path) -> Path:
         if not path.is_file():
-            raise FileNotFoundError(f"missing {path}; expected layout:\n{self.layout}")
+            raise MissingPathError(f"missing {path}; expected layout:\n{self.layout}")
         return path

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
+from ...errors import DataError
 from .base import LRADataModule, Sequences, TokenDataset, seeded_split
 
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -82,11 +83,11 @@ class CIFAR10GrayDataModule(LRADataModule):
                 data = np.asarray(batch[b"data"], dtype=np.uint8)
                 batch_labels = np.asarray(batch[b"labels"], dtype=np.int64)
             except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}: not a CIFAR-10 python batch ({type(err).__name__}: {err})") from err
+                raise DataError(f"{path}: not a CIFAR-10 python batch ({type(err).__name__}: {err})") from err
             if data.ndim != 2 or data.shape[1] != 3 * 1024 or len(batch_labels) != len(data):
-                raise ValueError(f"{path}: b'data' has shape {data.shape} for {len(batch_labels)} labels, expected N x 3072")
+                raise DataError(f"{path}: b'data' has shape {data.shape} for {len(batch_labels)} labels, expected N x 3072")
             if len(batch_labels) and not (0 <= batch_labels.min() and batch_labels.max() < 10):
-                raise ValueError(f"{path}: labels outside 0..9")
+                raise DataError(f"{path}: labels outside 0..9")
             images.append(to_grayscale(data.reshape(-1, 3, 1024)))
             labels.append(batch_labels)
         return TokenDataset([Sequences.from_array(np.concatenate(images))], np.concatenate(labels))

@@ -41,6 +41,7 @@ from statistics import median
 import numpy as np
 
 from ...checkpoint import checkpoint_safe
+from ...errors import DataError
 from .base import LRADataModule, SequenceBuilder, TokenDataset, parse_label
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # LRA's list order; random.choice draws from it
@@ -196,18 +197,18 @@ def read_tsv(path: Path, max_length: int) -> TokenDataset:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or "Source" not in header or "Target" not in header:
-            raise ValueError(f"{path}:1: expected a header row with columns Source and Target, got {header}")
+            raise DataError(f"{path}:1: expected a header row with columns Source and Target, got {header}")
         source_col, target_col = header.index("Source"), header.index("Target")
         for row in reader:
             where = f"{path}:{reader.line_num}"
             if not row:
                 continue
             if len(row) != len(header):
-                raise ValueError(f"{where}: expected {len(header)} tab-separated columns {header}, got {len(row)}")
+                raise DataError(f"{where}: expected {len(header)} tab-separated columns {header}, got {len(row)}")
             labels.append(parse_label(row[target_col], 10, where))
             tokens = tokenize(row[source_col])
             if len(tokens) == 0:
-                raise ValueError(f"{where}: Source {row[source_col]!r} has no tokens")
+                raise DataError(f"{where}: Source {row[source_col]!r} has no tokens")
             sequences.append(tokens)
     return TokenDataset([sequences.build()], labels)
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ...errors import DataError, MissingPathError
 from .base import LRADataModule, Sequences, TokenDataset, fraction_sizes, parse_label, seeded_split
 
 
@@ -62,7 +63,7 @@ class PathfinderDataModule(LRADataModule):
         meta_dir = base / "metadata"
         files = sorted(meta_dir.glob("*.npy"), key=_metadata_order) if meta_dir.is_dir() else []
         if not files:
-            raise FileNotFoundError(f"no metadata files {meta_dir}/*.npy; expected layout:\n{self.layout}")
+            raise MissingPathError(f"no metadata files {meta_dir}/*.npy; expected layout:\n{self.layout}")
         samples = []
         for path in files:
             for line_no, line in enumerate(path.read_text().splitlines(), 1):
@@ -71,7 +72,7 @@ class PathfinderDataModule(LRADataModule):
                     continue
                 where = f"{path}:{line_no}"
                 if len(fields) < 4:
-                    raise ValueError(f"{where}: expected '<folder> <file> <index> <label> ...', got {line!r}")
+                    raise DataError(f"{where}: expected '<folder> <file> <index> <label> ...', got {line!r}")
                 samples.append((base / fields[0] / fields[1], parse_label(fields[3], 2, where)))
         return samples
 
@@ -83,7 +84,7 @@ class PathfinderDataModule(LRADataModule):
         except (OSError, ValueError, SyntaxError):  # missing, empty (PIL: cannot identify), truncated, corrupt
             return None
         if pixels.shape != (self.resolution, self.resolution):
-            raise ValueError(f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}")
+            raise DataError(f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}")
         return pixels.reshape(-1)
 
     def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
@@ -102,6 +103,6 @@ class PathfinderDataModule(LRADataModule):
                 f"empty or unreadable (first: {skipped[0]})"
             )
         if not pixels:
-            raise FileNotFoundError(f"no readable images under {root / self.folder}; expected layout:\n{self.layout}")
+            raise MissingPathError(f"no readable images under {root / self.folder}; expected layout:\n{self.layout}")
         dataset = TokenDataset([Sequences.from_array(np.stack(pixels))], labels)
         return tuple(seeded_split(dataset, fraction_sizes(len(dataset), [0.8, 0.1, 0.1]), self.split_seed))

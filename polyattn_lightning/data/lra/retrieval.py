@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...errors import DataError
 from .base import LRADataModule, SequenceBuilder, TokenDataset, parse_label
 
 SPLITS = ("train", "eval", "test")
@@ -28,11 +29,11 @@ def read_pairs(path: Path, max_length: int) -> TokenDataset:
             fields = line.split(b"\t")
             where = f"{path}:{line_no}"
             if len(fields) != len(COLUMNS):
-                raise ValueError(f"{where}: expected {len(COLUMNS)} tab-separated columns {COLUMNS}, got {len(fields)}")
+                raise DataError(f"{where}: expected {len(COLUMNS)} tab-separated columns {COLUMNS}, got {len(fields)}")
             labels.append(parse_label(fields[0].decode("ascii", "replace"), 2, where))
             for tower, column, text in zip(towers, COLUMNS[3:], fields[3:]):
                 if not text:
-                    raise ValueError(f"{where}: {column} is empty")
+                    raise DataError(f"{where}: {column} is empty")
                 tower.append(text)
     return TokenDataset([tower.build() for tower in towers], labels, shift=1)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from ...errors import DataError, MissingPathError
 from .base import LRADataModule, SequenceBuilder, TokenDataset, fraction_sizes, seeded_split
 
 CLASSES = ("neg", "pos")
@@ -52,11 +53,11 @@ class IMDbDataModule(LRADataModule):
             class_dir = folder / name
             files = sorted(class_dir.glob("*.txt")) if class_dir.is_dir() else []
             if not files:
-                raise FileNotFoundError(f"no reviews in {class_dir}; expected layout:\n{self.layout}")
+                raise MissingPathError(f"no reviews in {class_dir}; expected layout:\n{self.layout}")
             for path in files:
                 review = path.read_bytes().strip()
                 if not review:
-                    raise ValueError(f"{path}: empty review")
+                    raise DataError(f"{path}: empty review")
                 sequences.append(review)
                 labels.append(label)
         return TokenDataset([sequences.build()], labels, shift=1)
