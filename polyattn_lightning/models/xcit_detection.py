@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..attention.registry import ActivationSpec
 from ..attention.timm_patch import set_attention
 from ..checkpoint import CheckpointLoadError, describe_error, load_checkpoint
+from ..errors import ConfigError, MissingPathError, UnknownNameError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def _upsample_branches(dim: int, patch_size: int) -> list[nn.Module]:
         return [nn.Sequential(up(), nn.BatchNorm2d(dim), nn.GELU(), up()), up(), nn.Identity(), nn.MaxPool2d(2, 2)]
     if patch_size == 8:
         return [up(), nn.Identity(), nn.MaxPool2d(2, 2), nn.MaxPool2d(4, 4)]
-    raise ValueError(f"XCiT detection backbone: patch_size must be 8 or 16, got {patch_size}")
+    raise ConfigError(f"XCiT detection backbone: patch_size must be 8 or 16, got {patch_size}")
 
 
 class XCiTBackbone(nn.Module):
@@ -81,21 +82,21 @@ class XCiTBackbone(nn.Module):
         """
         super().__init__()
         if not timm.is_model(model_name):
-            raise ValueError(f"unknown timm model {model_name!r}; XCiT models: {', '.join(timm.list_models('xcit_*'))}")
+            raise UnknownNameError(f"unknown timm model {model_name!r}; XCiT models: {', '.join(timm.list_models('xcit_*'))}")
         xcit = timm.create_model(
             model_name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs
         )
         if not isinstance(xcit, Xcit):
-            raise ValueError(f"XCiTBackbone needs a timm XCiT model, got {model_name!r} ({type(xcit).__name__})")
+            raise ConfigError(f"XCiTBackbone needs a timm XCiT model, got {model_name!r} ({type(xcit).__name__})")
         depth = len(xcit.blocks)
         if out_indices is None:
             if depth not in DEFAULT_OUT_INDICES:
-                raise ValueError(f"{model_name} has {depth} blocks: give out_indices (4 block indices) for it")
+                raise ConfigError(f"{model_name} has {depth} blocks: give out_indices (4 block indices) for it")
             out_indices = DEFAULT_OUT_INDICES[depth]
         out_indices = tuple(int(i) for i in out_indices)
         if len(out_indices) != 4 or list(out_indices) != sorted(set(out_indices)) or not 0 <= out_indices[0] < depth \
                 or out_indices[-1] >= depth:
-            raise ValueError(f"out_indices must be 4 increasing block indices below {depth}, got {list(out_indices)}")
+            raise ConfigError(f"out_indices must be 4 increasing block indices below {depth}, got {list(out_indices)}")
         self.model_name = model_name
         self.out_indices = out_indices
         xcit.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
@@ -121,7 +122,7 @@ class XCiTBackbone(nn.Module):
         own = self.xcit.state_dict()
         found = [k for k in state if k in own]
         if not any(k.endswith(XCIT_ONLY) for k in found):  # other ViTs share names such as blocks.0.attn.qkv.weight
-            raise ValueError(
+            raise ConfigError(
                 f"pretrained weights {file} hold no XCiT weights: none of its {len(state)} keys "
                 f"(e.g. {', '.join(list(state)[:3]) or 'none'}) is an XCA temperature or local patch interaction "
                 "(blocks.<i>.attn.temperature, blocks.<i>.local_mp.*)"
@@ -130,7 +131,7 @@ class XCiTBackbone(nn.Module):
             f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})" for k in found if state[k].shape != own[k].shape
         ]
         if wrong:
-            raise ValueError(f"pretrained weights {file} do not fit {self.model_name}: {'; '.join(wrong[:5])}")
+            raise ConfigError(f"pretrained weights {file} do not fit {self.model_name}: {'; '.join(wrong[:5])}")
         result = self.xcit.load_state_dict(state, strict=False)
         ignored = [k for k in result.unexpected_keys if k.startswith(CLASSIFICATION_PARTS)]
         unexpected = [k for k in result.unexpected_keys if k not in ignored]
@@ -147,7 +148,7 @@ def read_state_dict(file: Path) -> Mapping[str, Tensor]:
     which Lightning's EMA callback has replaced by the EMA weights), a timm/official state dict, or either
     wrapped under ``state_dict``/``model``."""
     if not file.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"pretrained weights {file} not found: expected the .ckpt of a classification run or an XCiT state "
             "dict (.pth, .safetensors)"
         )
@@ -162,7 +163,7 @@ def read_state_dict(file: Path) -> Mapping[str, Tensor]:
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
             state = state[key]
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"pretrained weights {file} hold no state dict (a mapping of names to tensors)")
+        raise ConfigError(f"pretrained weights {file} hold no state dict (a mapping of names to tensors)")
     if any(k.startswith("model.") for k in state):  # a ClassificationModule: its timm model is ``model``
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     return state

@@ -16,6 +16,7 @@ import polyattn_lightning.detection  # noqa: F401  (registers XCiTBackbone with 
 from mmdet.registry import MODELS
 from polyattn_lightning.attention.timm_patch import attention_modules
 from polyattn_lightning.checkpoint import CheckpointLoadError
+from polyattn_lightning.errors import ConfigError, MissingPathError, UnknownNameError
 from polyattn_lightning.models.xcit_detection import XCiTBackbone
 from polyattn_lightning.tasks import ClassificationModule
 
@@ -93,11 +94,11 @@ def test_batchnorms_convert_to_syncbatchnorm_as_lightning_does_under_ddp():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="needs a timm XCiT model, got 'vit_tiny_patch16_224'"):
+    with pytest.raises(ConfigError, match="needs a timm XCiT model, got 'vit_tiny_patch16_224'"):
         XCiTBackbone("vit_tiny_patch16_224")
-    with pytest.raises(ValueError, match="unknown timm model 'xcit_smal_12'"):
+    with pytest.raises(UnknownNameError, match="unknown timm model 'xcit_smal_12'"):
         XCiTBackbone("xcit_smal_12")
-    with pytest.raises(ValueError, match=r"4 increasing block indices below 12, got \[3, 5, 12\]"):
+    with pytest.raises(ConfigError, match=r"4 increasing block indices below 12, got \[3, 5, 12\]"):
         XCiTBackbone(MODELS_BY_DEPTH[12], out_indices=[3, 5, 12], **TINY)
 
 
@@ -152,7 +153,7 @@ def test_init_from_an_xcit_state_dict(tmp_path, layout, caplog):
 
 
 def test_bad_weight_files_stop_with_their_name(tmp_path):
-    with pytest.raises(FileNotFoundError, match="pretrained weights .*absent.pth not found"):
+    with pytest.raises(MissingPathError, match="pretrained weights .*absent.pth not found"):
         tiny_backbone(pretrained=str(tmp_path / "absent.pth"))
     good = tmp_path / "good.pth"
     torch.save(tiny_timm_xcit().state_dict(), good)
@@ -166,9 +167,9 @@ def test_bad_weight_files_stop_with_their_name(tmp_path):
         tiny_backbone(pretrained=str(garbage))
     vit = tmp_path / "vit.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1).state_dict(), vit)
-    with pytest.raises(ValueError, match="vit.safetensors hold no XCiT weights"):
+    with pytest.raises(ConfigError, match="vit.safetensors hold no XCiT weights"):
         tiny_backbone(pretrained=str(vit))
     wider = tmp_path / "wider.safetensors"
     save_file(timm.create_model(MODELS_BY_DEPTH[12], embed_dim=64, num_heads=2).state_dict(), wider)
-    with pytest.raises(ValueError, match=r"wider.safetensors do not fit xcit_nano_12_p16_224: .*\(64"):
+    with pytest.raises(ConfigError, match=r"wider.safetensors do not fit xcit_nano_12_p16_224: .*\(64"):
         tiny_backbone(pretrained=str(wider))
