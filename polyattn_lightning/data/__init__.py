@@ -1,5 +1,7 @@
-"""DataModules (image classification, Long Range Arena); importing this package makes their short names usable in YAML."""
+"""DataModules (image classification, COCO detection, Long Range Arena); importing this package makes their short
+names usable in YAML. ``coco`` imports mmdet only when its data sets are built."""
 from .base import CorruptImageError, ImageDataModule, ImageList, read_rgb
+from .coco import COCODataModule
 from .digits import DigitsDataModule
 from .image_folder import ImageFolderDataModule
 from .lra import AANDataModule, CIFAR10GrayDataModule, IMDbDataModule, ListOpsDataModule, PathfinderDataModule
@@ -10,6 +12,7 @@ __all__ = [
     "AANDataModule",
     "AugmentRecipe",
     "CIFAR10GrayDataModule",
+    "COCODataModule",
     "CorruptImageError",
     "DigitsDataModule",
     "ImageDataModule",

@@ -1,7 +1,11 @@
-"""LightningModules; importing this package makes their short names usable in YAML."""
+"""LightningModules; importing this package makes their short names usable in YAML.
+
+``detection`` imports mmdet only when a DetectionModule is built, so other tasks never load it.
+"""
 from .classification import ClassificationModule, MixupRecipe, Recipe
+from .detection import DetectionModule
 from .lra import LRAModule
 from .models import create_timm_model
 from .optim import OptimRecipe
 
-__all__ = ["ClassificationModule", "LRAModule", "MixupRecipe", "OptimRecipe", "Recipe", "create_timm_model"]
+__all__ = ["ClassificationModule", "DetectionModule", "LRAModule", "MixupRecipe", "OptimRecipe", "Recipe", "create_timm_model"]

@@ -13,6 +13,7 @@ from detection_harness import CONFIGS, QUICKSTART, TINY_SET, write_tiny_coco
 from mmdet.registry import MODELS
 
 from polyattn_lightning import cli
+from polyattn_lightning.data import coco
 from polyattn_lightning.attention import get_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -45,7 +46,7 @@ def test_experiment_config_parses(capsys, path: Path):
         detector = yaml.safe_load((path.parent / detector).read_text())
     assert MODELS.get(detector["type"]) is not None and MODELS.get(detector["backbone"]["type"]) is not None
     get_activation(model["attention"])
-    assert config["data"]["class_path"] == "polyattn_lightning.data.coco.COCODataModule"
+    assert config["data"]["class_path"].endswith(".COCODataModule")
 
 
 def test_3x_recipe_is_the_xcit_authors(capsys):
@@ -59,11 +60,11 @@ def test_3x_recipe_is_the_xcit_authors(capsys):
 
 def test_quickstart_generates_its_data_fits_and_predicts_coco_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    generated = tmp_path / "cache" / "synthetic_coco"
+    monkeypatch.setattr(coco, "default_root", lambda: generated)  # not the user's cache
     tiny = ["--data.init_args.synthetic.train_images", "6", "--data.init_args.synthetic.val_images", "3",
             "--data.init_args.synthetic.image_size", "64"]
     fit = cli.make_cli(["fit", "--config", str(QUICKSTART), *tiny, *TINY_RUN])
-    generated = tmp_path / "cache" / "polyattn_lightning" / "synthetic_coco"
     assert (generated / "annotations" / "instances_val2017.json").is_file()
     metrics = fit.trainer.callback_metrics
     assert {"train/loss", "train/loss_mask", "val/bbox_mAP", "val/bbox_mAP_50", "val/segm_mAP_75",
@@ -81,7 +82,7 @@ def test_quickstart_generates_its_data_fits_and_predicts_coco_json(tmp_path, mon
 
 def test_quickstart_on_a_given_root_that_does_not_exist_fails_without_generating(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(coco, "default_root", lambda: tmp_path / "cache" / "synthetic_coco")
     with pytest.raises(FileNotFoundError, match=r"missing does not exist; expected layout"):
         cli.make_cli(["fit", "--config", str(QUICKSTART), "--data.init_args.root", str(tmp_path / "missing"),
                       *TINY_RUN])
@@ -90,7 +91,7 @@ def test_quickstart_on_a_given_root_that_does_not_exist_fails_without_generating
 
 def test_quickstart_trains_on_a_given_coco_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(coco, "default_root", lambda: tmp_path / "cache" / "synthetic_coco")
     root = write_tiny_coco(tmp_path / "shapes")
     fit = cli.make_cli(["fit", "--config", str(QUICKSTART), "--data.init_args.root", str(root), *TINY_RUN])
     assert fit.datamodule.class_names == list(TINY_SET.classes)

@@ -11,7 +11,7 @@ from detection_harness import TINY_SET, tiny_data, write_tiny_coco
 from pycocotools.coco import COCO
 
 from polyattn_lightning.data.coco import COCODataError, COCODataModule, ImageLoadError
-from polyattn_lightning.data.synthetic_coco import MARKER, SyntheticCOCO, ensure_synthetic_coco
+from polyattn_lightning.data.synthetic_coco import MARKER, SyntheticCOCO, default_root, ensure_synthetic_coco
 from polyattn_lightning.errors import ConfigError
 
 
@@ -80,6 +80,14 @@ def test_generated_on_first_use_then_reused_and_never_over_a_foreign_folder(tmp_
     with pytest.raises(ConfigError, match="mine.*not generated"):
         ensure_synthetic_coco(foreign, config)
     assert (foreign / "keep.txt").read_text() == "user data"
+
+
+def test_the_default_folder_is_in_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_root() == tmp_path / "polyattn_lightning" / "synthetic_coco"
+    assert COCODataModule(synthetic=SyntheticCOCO()).data_root == default_root()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_root() == Path.home() / ".cache" / "polyattn_lightning" / "synthetic_coco"
 
 
 def test_a_root_that_does_not_exist_is_an_error_not_a_reason_to_generate(tmp_path):
