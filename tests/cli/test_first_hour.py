@@ -48,7 +48,7 @@ def write_config(path: Path, root: Path) -> Path:
             "model_name": "vit_tiny_patch16_224", "num_classes": 3, "img_size": 16,
             "model_kwargs": MODEL_KWARGS, "attention": "poly3"}},
         "data": {"class_path": "ImageFolderDataModule", "init_args": {
-            "root": str(root), "img_size": 16, "batch_size": 4, "num_workers": 0, "pin_memory": False}},
+            "root": str(root), "img_size": 16, "batch_size": 4, "num_workers": 0}},  # pin_memory: its default
     }
     path.write_text(yaml.safe_dump(config))
     return path
