@@ -14,6 +14,7 @@ from detection_harness import tiny_data
 
 from polyattn_lightning.callbacks import PredictionWriter
 from polyattn_lightning.checkpoint import SafeCheckpointIO
+from polyattn_lightning.distributed import distributed_teardown
 from polyattn_lightning.tasks.detection import DetectionModule
 
 
@@ -31,8 +32,12 @@ def evaluate(ckpt: Path, root: Path, out: Path, devices: int) -> dict[str, float
     return {name: float(value) for name, value in metrics.items()}
 
 
-if __name__ == "__main__":
-    out, ckpt, root = (Path(arg) for arg in sys.argv[1:4])
+@distributed_teardown()  # as cli.main: without it a gloo thread can abort the finished process at exit
+def main(out: Path, ckpt: Path, root: Path) -> None:
     metrics = evaluate(ckpt, root, out, devices=2)
     if torch.distributed.get_rank() == 0:
         torch.save(metrics, out / "metrics.pt")
+
+
+if __name__ == "__main__":
+    main(*(Path(arg) for arg in sys.argv[1:4]))
