@@ -300,9 +300,8 @@ class PolyattnCLI(LightningCLI):
         while created is not None and not created.parent.exists():
             created = created.parent  # the outermost folder this run will create (runs/ itself on a first run)
         if log_dir is not None:
-            what = "logs, config and checkpoints/" if subcommand == "fit" else "logs and config"
-            rank_zero_info(f"{subcommand}: writing {what}{' and predictions/' if subcommand == 'predict' else ''} "
-                           f"to {log_dir}")
+            what = {"fit": "logs, config and checkpoints/", "predict": "logs, config and predictions/"}
+            rank_zero_info(f"{subcommand}: writing {what.get(subcommand, 'logs and config')} to {log_dir}")
         if subcommand != "fit":  # a checkpoint's ModelCheckpoint state names its run's folder: expected here
             warnings.filterwarnings("ignore", message=r".*dirpath has changed")
         if trainer.progress_bar_callback is not None:

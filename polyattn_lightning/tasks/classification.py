@@ -136,7 +136,8 @@ class ClassificationModule(pl.LightningModule):
         path = self._trainer.ckpt_path if self._trainer is not None else None
         rank_zero_info(
             f"checkpoint {path or ''}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
-            f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')} (no pretrained file is read)"
+            f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
+            + ("" if self.hparams.get("pretrained") else " (no pretrained file was read)")
         )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
