@@ -176,7 +176,8 @@ class RecordImages(Callback):
                           [tuple(x.shape) for x in batch["inputs"]]))
 
 
-def train(root: Path, ckpt_dir: Path, kill_at: int | None = None, ckpt_path: Path | None = None) -> dict:
+def train(root: Path, ckpt_dir: Path, kill_at: int | None = None, ckpt_path: Path | None = None,
+          num_workers: int = 0) -> dict:
     pl.seed_everything(0)
     model, record = tiny_detector(), RecordImages()
     trainer = cpu_trainer(
@@ -185,18 +186,21 @@ def train(root: Path, ckpt_dir: Path, kill_at: int | None = None, ckpt_path: Pat
                    ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=2)],
     )
     try:
-        trainer.fit(model, tiny_data(root), ckpt_path=ckpt_path)
+        trainer.fit(model, tiny_data(root, num_workers=num_workers), ckpt_path=ckpt_path)
     except Killed:
         return {}
     return {"weights": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(), "seen": record.seen}
 
 
-def test_resuming_mid_epoch_gives_the_weights_of_an_uninterrupted_run(coco_root, tmp_path):
-    reference = train(coco_root, tmp_path / "reference")
-    assert train(coco_root, tmp_path / "killed", kill_at=5) == {}
+@pytest.mark.parametrize("num_workers", [0, 1], ids=["in_process", "worker"])
+def test_resuming_mid_epoch_gives_the_weights_of_an_uninterrupted_run(coco_root, tmp_path, num_workers):
+    """mmdet's random flips, sizes and crops draw from numpy's global RNG: seeded per (seed, epoch, image),
+    they come out the same in a resumed run, in the main process or in a loader worker."""
+    reference = train(coco_root, tmp_path / "reference", num_workers=num_workers)
+    assert train(coco_root, tmp_path / "killed", kill_at=5, num_workers=num_workers) == {}
     last = tmp_path / "killed" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 4  # epoch 1, one batch in
-    resumed = train(coco_root, tmp_path / "killed", ckpt_path=last)
+    resumed = train(coco_root, tmp_path / "killed", ckpt_path=last, num_workers=num_workers)
 
     assert resumed["seen"] == reference["seen"][4:]  # same images, same random sizes and crops
     for name, weight in reference["weights"].items():
