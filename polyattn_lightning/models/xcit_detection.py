@@ -82,7 +82,9 @@ class XCiTBackbone(nn.Module):
         """
         super().__init__()
         if not timm.is_model(model_name):
-            raise UnknownNameError(f"unknown timm model {model_name!r}; XCiT models: {', '.join(timm.list_models('xcit_*'))}")
+            raise UnknownNameError(
+                f"unknown timm model {model_name!r}; XCiT models: {', '.join(timm.list_models('xcit_*'))}"
+            )
         xcit = timm.create_model(
             model_name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs
         )

@@ -18,6 +18,7 @@ from polyattn_lightning.data.lra.listops import (
     generate,
     tokenize,
 )
+from polyattn_lightning.data.generated import cache_root, staged_dir
 from polyattn_lightning.errors import ConfigError, DataError, MissingPathError
 
 SMALL = ListOpsSpec(num_train=60, num_val=10, num_test=10, min_length=10, max_length=80, max_depth=4, max_args=5, seed=1)
@@ -173,3 +174,23 @@ def test_generates_on_first_use_into_default_folder(tmp_path, monkeypatch):
     again.setup("fit")  # reuses the folder
     assert train_file.stat().st_mtime_ns == stamp
     assert np.array_equal(again.train_set.labels, dm.train_set.labels)
+
+
+def test_staged_dir_writes_whole_folders_only(tmp_path, monkeypatch):
+    root = tmp_path / "set"
+    with pytest.raises(RuntimeError):
+        with staged_dir(root) as staging:
+            (staging / "half.tsv").write_text("x")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []  # neither the set nor the staging folder
+    with staged_dir(root) as staging:
+        (staging / "a.tsv").write_text("first")
+    with staged_dir(root) as staging:  # another process finished first: its copy stays
+        (staging / "a.tsv").write_text("second")
+    assert (root / "a.tsv").read_text() == "first"
+    with staged_dir(root, replace=True) as staging:  # regenerated for other settings
+        (staging / "b.tsv").write_text("new")
+    assert [p.name for p in root.iterdir()] == ["b.tsv"] and [p.name for p in tmp_path.iterdir()] == ["set"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    expected = tmp_path / "cache" / "polyattn_lightning" / "lra" / SMALL.tag()
+    assert default_root(SMALL) == cache_root("lra", SMALL.tag()) == expected

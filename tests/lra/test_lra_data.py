@@ -240,7 +240,7 @@ def test_cifar_bad_files(tmp_path):
     with pytest.raises(MissingPathError, match=r"data root .*missing does not exist"):
         CIFAR10GrayDataModule(root=str(tmp_path / "missing")).setup()
     # the CLI's check before any model is built: the same error
-    with pytest.raises(MissingPathError, match=r"data root .*missing does not exist; expected layout:\ncifar-10-batches-py"):
+    with pytest.raises(MissingPathError, match=r"data root .*missing does not exist; expected layout:\ncifar-10"):
         CIFAR10GrayDataModule.check_paths(root=str(tmp_path / "missing"), val_size=5)
     CIFAR10GrayDataModule.check_paths(root=str(root))
 

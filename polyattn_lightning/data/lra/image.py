@@ -85,7 +85,9 @@ class CIFAR10GrayDataModule(LRADataModule):
             except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
                 raise DataError(f"{path}: not a CIFAR-10 python batch ({type(err).__name__}: {err})") from err
             if data.ndim != 2 or data.shape[1] != 3 * 1024 or len(batch_labels) != len(data):
-                raise DataError(f"{path}: b'data' has shape {data.shape} for {len(batch_labels)} labels, expected N x 3072")
+                raise DataError(
+                    f"{path}: b'data' has shape {data.shape} for {len(batch_labels)} labels, expected N x 3072"
+                )
             if len(batch_labels) and not (0 <= batch_labels.min() and batch_labels.max() < 10):
                 raise DataError(f"{path}: labels outside 0..9")
             images.append(to_grayscale(data.reshape(-1, 3, 1024)))

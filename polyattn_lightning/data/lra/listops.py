@@ -29,11 +29,8 @@ Either folder is then a ``--data.root`` (it holds ``listops-1000/basic_{train,va
 from __future__ import annotations
 
 import csv
-import os
 import random
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -42,6 +39,7 @@ import numpy as np
 
 from ...checkpoint import checkpoint_safe
 from ...errors import DataError
+from ..generated import cache_root, staged_dir
 from .base import LRADataModule, SequenceBuilder, TokenDataset, parse_label
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # LRA's list order; random.choice draws from it
@@ -167,27 +165,16 @@ def write_tsv(rows: list[tuple[str, int]], path: Path) -> None:
 
 def write_dataset(spec: ListOpsSpec, root: Path) -> Path:
     """Generate and write ``root/listops-1000/basic_{train,val,test}.tsv``; atomic, so a reader never sees half."""
-    root = Path(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
-        (tmp / "listops-1000").mkdir()
+    with staged_dir(root) as staging:  # another process that finished first wrote the same files
+        (staging / "listops-1000").mkdir()
         for split, rows in generate(spec).items():
-            write_tsv(rows, tmp / "listops-1000" / f"basic_{split}.tsv")
-        try:
-            os.replace(tmp, root)  # fails if another process finished first; its copy is identical
-        except OSError:
-            if not (root / "listops-1000").is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
+            write_tsv(rows, staging / "listops-1000" / f"basic_{split}.tsv")
+    return Path(root)
 
 
 def default_root(spec: ListOpsSpec) -> Path:
     """Where :class:`ListOpsDataModule` generates data when no root is given."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
-    return cache / "polyattn_lightning" / "lra" / spec.tag()
+    return cache_root("lra", spec.tag())
 
 
 def read_tsv(path: Path, max_length: int) -> TokenDataset:

@@ -84,7 +84,9 @@ class PathfinderDataModule(LRADataModule):
         except (OSError, ValueError, SyntaxError):  # missing, empty (PIL: cannot identify), truncated, corrupt
             return None
         if pixels.shape != (self.resolution, self.resolution):
-            raise DataError(f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}")
+            raise DataError(
+                f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}"
+            )
         return pixels.reshape(-1)
 
     def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
