@@ -44,13 +44,13 @@ class COCODataError(DataError):
 
 def _mmdet():
     """mmdet's data set class, registries and collate function, importable once the mmcv op shim is installed."""
-    from .. import detection  # noqa: F401  (installs the mmcv ops mmdet imports; registers our modules)
+    # installs the mmcv ops mmdet imports and fills mmdet's registries with the mmdet default scope, in which
+    # nested transforms (RandomChoice's) look their types up
+    from .. import detection  # noqa: F401
     from mmdet.datasets import CocoDataset
     from mmdet.registry import TRANSFORMS
-    from mmdet.utils import register_all_modules
     from mmengine.dataset import pseudo_collate
 
-    register_all_modules(init_default_scope=True)  # nested transforms (RandomChoice) look types up in the scope
     return CocoDataset, TRANSFORMS, pseudo_collate
 
 

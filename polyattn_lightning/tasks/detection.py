@@ -34,13 +34,11 @@ METRIC_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
 
 def _mmdet_detection():
     """mmdet's model registry and CocoMetric, once this project's mmcv op shim and modules are installed."""
-    from .. import detection  # noqa: F401  (mmcv ops from torchvision; registers our backbone)
+    from .. import detection  # noqa: F401  (mmcv ops from torchvision; mmdet's registries and our backbone)
     from mmdet.evaluation import CocoMetric
     from mmdet.registry import MODELS
-    from mmdet.utils import register_all_modules
     from mmengine.config import ConfigDict
 
-    register_all_modules(init_default_scope=True)
     return MODELS, ConfigDict, CocoMetric
 
 
