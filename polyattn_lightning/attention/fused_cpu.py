@@ -24,8 +24,8 @@ repeats and a restored RNG state (ExactResume) continues it exactly. Entry
     threshold = min(floor(p * 2**32), 2**32 - 1)      # unsigned 32-bit
 
 which is ``triton.language.philox(seed, j // 4, i, bh, offset)`` with int32
-counters and the default 10 rounds, output ``j % 4``. ``offset`` is 0 here. Kept entries are scaled by ``1 / (1 - p)``
-(folded into ``c(n)``). The decision is a pure function of its coordinates, so
+counters and the default 10 rounds, output ``j % 4``. ``offset`` is 0 here.
+Kept entries are scaled by ``1 / (1 - p)`` (folded into ``c(n)``). The decision is a pure function of its coordinates, so
 no ``N x N`` mask exists: the backward regenerates it tile by tile, whatever its
 tile shapes. ``dropout_keep_mask`` materialises it for small shapes (tests).
 
