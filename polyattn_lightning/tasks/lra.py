@@ -9,7 +9,8 @@ values are saved with the hyperparameters so that a checkpoint rebuilds it.
 
 ``lightning fit`` ends with ``trainer.test(ckpt_path="best")`` (``on_fit_end``):
 the test split is scored with the best checkpoint by ``val/top1``, as Xiong et al.
-do, and logged as ``test/top1``; ``test_after_fit: false`` turns it off.
+do, and logged as ``test/top1``; ``test_after_fit: false`` turns it off. The module then
+holds the best checkpoint's weights, not the last step's.
 """
 from __future__ import annotations
 
