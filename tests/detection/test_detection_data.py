@@ -63,7 +63,7 @@ def test_synthetic_set_is_a_function_of_its_seed(tmp_path):
     assert (a / "train2017" / "000000000001.jpg").read_bytes() != (c / "train2017" / "000000000001.jpg").read_bytes()
 
 
-def test_generated_on_first_use_then_reused_and_never_over_a_foreign_folder(tmp_path):
+def test_generated_on_first_use_reused_regenerated_for_other_settings_never_over_a_foreign_folder(tmp_path):
     config = SyntheticCOCO(train_images=2, val_images=1, image_size=32)
     data = COCODataModule(synthetic=config, synthetic_root=str(tmp_path / "gen"), num_workers=0)
     data.prepare_data()
@@ -73,6 +73,8 @@ def test_generated_on_first_use_then_reused_and_never_over_a_foreign_folder(tmp_
     assert marker.stat().st_mtime_ns == stamp  # reused, not rewritten
     data.setup("validate")
     assert len(data.val_set) == 1
+    ensure_synthetic_coco(tmp_path / "gen", SyntheticCOCO(train_images=2, val_images=3, image_size=32))
+    assert len(json.loads((tmp_path / "gen" / "annotations" / "instances_val2017.json").read_text())["images"]) == 3
 
     foreign = tmp_path / "mine"
     foreign.mkdir()
