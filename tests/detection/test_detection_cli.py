@@ -49,6 +49,24 @@ def test_experiment_config_parses(capsys, path: Path):
     assert config["data"]["class_path"].endswith(".COCODataModule")
 
 
+def test_every_detection_config_piece_is_used_by_an_experiment():
+    """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
+    named = set()
+    for path in CONFIGS.rglob("*.yaml"):
+        stack = [yaml.safe_load(path.read_text())]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, str) and node.endswith(".yaml"):
+                named.add((path.parent / node).resolve())
+    pieces = set(CONFIGS.rglob("*.yaml")) - set(EXPERIMENTS)
+    assert {piece.resolve() for piece in pieces} <= named
+    assert all(ref.is_file() for ref in named)
+
+
 def test_3x_recipe_is_the_xcit_authors(capsys):
     config = resolved_config(capsys, CONFIGS / "coco" / "mask_rcnn_xcit_small_12_poly3_3x.yaml")
     optim = config["model"]["init_args"]["optim"]
