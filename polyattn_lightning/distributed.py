@@ -1,4 +1,4 @@
-"""Orderly teardown of ``torch.distributed`` before the interpreter exits, for every backend.
+"""``torch.distributed`` plumbing: orderly teardown before the interpreter exits, and gathering Python objects.
 
 A process that ends with its process group alive leaves the backend's threads
 running into interpreter finalisation. With gloo, a worker thread that drops the
@@ -9,13 +9,16 @@ work and still dies with SIGABRT (about 1 in 4 two-process CPU runs). Lightning
 destroys the process group at exit only for NCCL. :func:`distributed_teardown`
 wraps every process this project starts (``cli.main``, the test workers) and does
 it for every backend; it only imports torch, so any entry point can use it.
+
+:func:`gather_objects` is the one place where code outside Lightning's strategies gathers picklable
+values from every rank (RNG states for checkpoints, detections for the COCO metric).
 """
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -60,3 +63,12 @@ def distributed_teardown() -> Iterator[None]:
         teardown_process_group(wait=False)
         raise
     teardown_process_group(wait=True)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable) in rank order, on every rank; ``[obj]`` without a process group of 2+."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, obj)
+    return parts

@@ -7,12 +7,12 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 
 from ..data.resumable import ResumableDataLoader
+from ..distributed import gather_objects
 
 #: The checkpoint key: a list of RNG state dicts indexed by global rank.
 RNG_KEY = "rng_states"
@@ -71,13 +71,7 @@ class ExactResume(Callback):
         self._loader_states: list[dict[str, Any]] = []
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        state = capture_rng_state()
-        if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            states: list[Any] = [None] * trainer.world_size
-            dist.all_gather_object(states, state)  # every rank saves; only rank 0 writes the file
-        else:
-            states = [state]
-        checkpoint[RNG_KEY] = states
+        checkpoint[RNG_KEY] = gather_objects(capture_rng_state())  # every rank saves; only rank 0 writes the file
         checkpoint[LIMITS_KEY] = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
