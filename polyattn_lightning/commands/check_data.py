@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     bad = find_unreadable_images(paths, workers=args.workers)
     for path, error in bad.items():
         print(f"{path}: {error}")
+    sys.stdout.flush()  # the list before the error line, also when stdout is a file
     if bad:
         raise DataError(f"{len(bad)} of {len(paths)} images of {name} cannot be read (listed above)")
     print(f"all {len(paths)} images of {name} read")
