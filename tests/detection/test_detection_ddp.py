@@ -10,7 +10,7 @@ import pytest
 import torch
 from detection_harness import TINY_SET, tiny_data, tiny_detector, tiny_detector_config, write_tiny_coco
 
-import ddp_worker
+import detection_ddp_worker as ddp_worker
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 
 pytestmark = pytest.mark.slow

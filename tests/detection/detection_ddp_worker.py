@@ -1,6 +1,6 @@
 """Validate and predict a saved tiny detector on ``devices`` CPU processes; under torchrun, 2 ranks (gloo).
 
-Usage (what test_ddp does): ``torchrun --standalone --nproc_per_node 2 ddp_worker.py OUT CKPT DATA_ROOT``;
+Usage (what test_detection_ddp does): ``torchrun --standalone --nproc_per_node 2 detection_ddp_worker.py OUT CKPT DATA_ROOT``;
 rank 0 saves the validation metrics to ``OUT/metrics.pt``, the PredictionWriter writes ``OUT/predictions/``.
 """
 from __future__ import annotations
