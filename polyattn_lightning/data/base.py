@@ -62,7 +62,7 @@ def require_dir(path: Path, layout: str) -> Path:
 
 
 class ImageDataModule(pl.LightningDataModule):
-    """Base for classification DataModules: images here, token sequences in ``data/lra``.
+    """Base of every DataModule: images here, token sequences in ``data/lra``, COCO in ``data/coco``.
 
     Subclasses set ``self.train_set``, ``self.val_set`` (and optionally
     ``self.test_set``; the validation split is used otherwise) in ``setup`` and
@@ -70,8 +70,11 @@ class ImageDataModule(pl.LightningDataModule):
     """
 
     num_classes: int
-    #: makes a batch from samples; None is PyTorch's default (the LRA DataModules pad sequences here)
+    #: makes a batch from samples; None is PyTorch's default (the LRA DataModules pad sequences here,
+    #: the COCO DataModule returns mmengine's ``pseudo_collate``)
     collate_fn: Callable[[list], Any] | None = None
+    #: drop the ragged last training batch (Mixup needs even, full batches); detection keeps it
+    drop_last_train: bool = True
 
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """
@@ -100,7 +103,7 @@ class ImageDataModule(pl.LightningDataModule):
         )
         # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once under DDP
         if train:
-            return ResumableDataLoader(dataset, shuffle=True, drop_last=True, **settings)  # Mixup needs even, full batches
+            return ResumableDataLoader(dataset, shuffle=True, drop_last=self.drop_last_train, **settings)
         return eval_loader(dataset, self.trainer, **settings)
 
     def train_dataloader(self) -> DataLoader:

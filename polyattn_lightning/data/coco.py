@@ -22,11 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
-from torch.utils.data import DataLoader
-
 from ..errors import ConfigError, DataError, MissingPathError
-from .resumable import ResumableDataLoader, eval_loader
+from .base import ImageDataModule
 from .synthetic_coco import SyntheticCOCO, default_root, ensure_synthetic_coco
 
 LAYOUT = """  <root>/annotations/instances_train2017.json
@@ -125,7 +122,7 @@ def _checked_dataset_class(base: type) -> type:
     return CheckedCocoDataset
 
 
-class COCODataModule(pl.LightningDataModule):
+class COCODataModule(ImageDataModule):
     """COCO 2017's layout (or any COCO-format set laid out the same way) through mmdet's ``CocoDataset``.
 
     Training: random flip, then with probability 1/2 a resize to a random short
@@ -135,8 +132,14 @@ class COCODataModule(pl.LightningDataModule):
     shorter than ``min_size`` are left out, as mmdet does. Evaluation: a resize to
     short side ``test_size``. Batches are mmengine ``pseudo_collate`` dicts
     (``inputs``: uint8 CHW tensors, ``data_samples``: ``DetDataSample``) that the
-    detector's data preprocessor normalises and pads.
+    detector's data preprocessor normalises and pads. Loaders come from
+    :class:`~polyattn_lightning.data.base.ImageDataModule`: training resumes
+    mid-epoch, each image augmented by (seed, epoch, index) alone (mmdet's
+    transforms draw from numpy's global RNG); evaluation counts every image
+    once under DDP.
     """
+
+    drop_last_train = False  # no Mixup: every training image is used
 
     def __init__(
         self,
@@ -174,11 +177,9 @@ class COCODataModule(pl.LightningDataModule):
             synthetic_root: where the synthetic set is written; default
                 ``$XDG_CACHE_HOME/polyattn_lightning/synthetic_coco`` (``~/.cache/...``).
         """
-        super().__init__()
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=False)
         self.root = root
         self.classes = classes
-        self.batch_size = batch_size
-        self.num_workers = num_workers
         self.train_sizes = list(train_sizes)
         self.crop_sizes = list(crop_sizes) if crop_sizes else None
         self.crop_size = tuple(crop_size)
@@ -187,7 +188,6 @@ class COCODataModule(pl.LightningDataModule):
         self.min_size = min_size
         self.synthetic = synthetic
         self.synthetic_root = synthetic_root
-        self.train_set = self.val_set = None
         self.class_names: list[str] | None = None
         self.category_ids: list[int] | None = None  # the annotation file's id of each class, by label
 
@@ -291,28 +291,7 @@ class COCODataModule(pl.LightningDataModule):
             {"type": "PackDetInputs", "meta_keys": ("img_id", "img_path", "ori_shape", "img_shape", "scale_factor")},
         ]
 
-    # ---- loaders -----------------------------------------------------------------------------------
-
-    def _loader(self, dataset, train: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError("COCODataModule: call setup() before asking for a dataloader")
-        _, _, pseudo_collate = _mmdet()
-        settings = dict(batch_size=self.batch_size, collate_fn=pseudo_collate, num_workers=self.num_workers,
-                        persistent_workers=self.num_workers > 0)
-        # training resumes mid-epoch, each image augmented by (seed, epoch, index) alone (mmdet's transforms
-        # draw from numpy's global RNG); evaluation counts every image once under DDP
-        if train:
-            return ResumableDataLoader(dataset, shuffle=True, **settings)
-        return eval_loader(dataset, self.trainer, **settings)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+    @property
+    def collate_fn(self):
+        """mmengine's ``pseudo_collate``, imported on first use like the rest of mmdet."""
+        return _mmdet()[2]
