@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch.distributed as dist
 import yaml
 from jsonargparse.typing import Path_fr
 from torch import Tensor
 
 from ..attention import ActivationSpec
 from ..attention.timm_patch import set_attention
+from ..distributed import gather_objects
 from ..errors import ConfigError, MissingPathError
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
@@ -91,11 +91,7 @@ def _with_num_classes(config: dict, num_classes: int) -> dict:
 
 def _gather(items: list) -> list:
     """Every rank's ``items`` concatenated in rank order (on every rank)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return items
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, items)
-    return [item for part in parts for item in part]
+    return [item for part in gather_objects(items) for item in part]
 
 
 def _by_image(results: list[dict]) -> list[dict]:
