@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -38,9 +37,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
-from torch.profiler import ProfilerActivity, profile
 
 from ..attention import attention, cpp
+from .timing import machine, step_peak_bytes
 
 #: Named shapes (B, H, N, d).
 SHAPES = {
@@ -165,27 +164,6 @@ def peak_bytes(case: Case, inputs) -> int:
     return step_peak_bytes(partial(_step, case, *inputs), inputs[0].device)
 
 
-def step_peak_bytes(step: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes allocated while ``step()`` runs, above the allocation level before it (also the LRA bench's)."""
-    if device.type == "cuda":  # the caching allocator's own counters
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
-    )
-    level = peak = 0
-    for event in events:
-        level += event.nbytes()
-        peak = max(peak, level)
-    return peak
-
-
 def run_shape(
     name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu",
     key_padding: tuple[float, float] | None = None, dtype: torch.dtype = torch.float32,
@@ -267,24 +245,6 @@ def _absolute(entry: dict) -> str:
     return text + (f", {entry['peak_bytes'] / 2**20:.1f} MiB" if "peak_bytes" in entry else "")
 
 
-def machine(device: str = "cpu") -> dict:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {
-        "cpu": model,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_average": os.getloadavg(),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-    }
-
-
 def _parse_fractions(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split("-"))
@@ -358,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'MET ' if check['met'] else 'MISS'} {check['target']}: {check['value']:.2f}")
     if args.json:
         command = " ".join(["python -m polyattn_lightning.bench attention", *argv])
-        report = {"command": command, "machine": {**machine(args.device), "load_average_before": load_before},
+        report = {"command": command, "machine": machine(load_before, args.device),
                   "results": results, "targets": checks}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -18,8 +18,6 @@ import json
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,7 @@ import yaml
 from torch import nn
 
 from ..attention import get_activation
-from .attention import machine
+from .timing import interleaved, machine
 
 #: The detector benchmarked when ``--config`` is not given (a source checkout's configs/).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml"
@@ -85,19 +83,6 @@ def backbone_step(model: nn.Module, images: torch.Tensor) -> None:
     """Forward and backward of the backbone's four maps."""
     model.zero_grad(set_to_none=True)
     sum(m.float().pow(2).mean() for m in model.backbone(images)).backward()
-
-
-def interleaved(steps: dict[str, Callable[[int], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each step, after one warm-up call each, the steps run round-robin."""
-    for step in steps.values():
-        step(0)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step(r + 1)
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -164,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         report = {
             "command": " ".join(["python -m polyattn_lightning.bench detection", *argv]),
-            "machine": {**machine(), "load_average_before": load_before},
+            "machine": machine(load_before),
             "input": {"batch": args.batch, "height": args.size[0], "width": args.size[1], "config": str(args.config)},
             "attention": attention, "samples_s": times, "median_s": medians, "ratio": ratios,
             "target": {"target": "train step ratio <= 1.05", "value": ratios["train_step"], "met": met},

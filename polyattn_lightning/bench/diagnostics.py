@@ -30,7 +30,7 @@ from pathlib import Path
 from ..callbacks.attention_maps import attention_pictures
 from ..callbacks.attention_norms import AttentionNorms, probe_batch
 from ..cli import make_cli
-from .attention import machine
+from .timing import machine
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "classification" / "quickstart.yaml"
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_without_s": without, "median_with_s": with_norms,
         "added_per_epoch_s": added / args.epochs, "added_percent": 100 * added / without,
         "wall_per_probe_ms": 1000 * added / max(probes, 1), "maps_per_validation_s": statistics.median(draws),
-        "maps_seconds": draws, "machine": machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "maps_seconds": draws, "machine": machine(load_before),
     }
     print(f"{args.config.name}: {steps} steps in {args.epochs} epoch(s), AttentionNorms every {args.every} steps "
           f"({probes} probes)")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{added / args.epochs:+.2f} s per epoch ({result['added_percent']:+.1f}%), "
           f"{result['wall_per_probe_ms']:.0f} ms per probe")
     print(f"  AttentionMaps: {result['maps_per_validation_s']:.2f} s per validation (probe pass, two figures, PNGs)")
-    print(f"  load average before {load_before[0]:.1f}, after {result['loadavg_after'][0]:.1f}")
+    print(f"  load average before {load_before[0]:.1f}, after {result['machine']['load_average_after'][0]:.1f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -37,8 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from ..models import LRAClassifier
-from .attention import machine, padding_mask, step_peak_bytes
-from .detection import interleaved
+from .attention import padding_mask
+from .timing import interleaved, machine, step_peak_bytes
 
 POLY3 = {"name": "poly3", "scale": 0.0714}
 POLY1 = {"name": "poly1", "scale": 0.0714}
@@ -176,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of throughput, retrieval4k")
 
-    report = {"command": " ".join(["python -m polyattn_lightning.bench lra", *argv]),
-              "machine": {**machine(), "load_average_before": os.getloadavg()}}
+    load_before = os.getloadavg()
+    report = {"command": " ".join(["python -m polyattn_lightning.bench lra", *argv])}
     if "throughput" in parts:
         report["throughput"] = throughput(args.batch, args.repeats, args.length)
     if "retrieval4k" in parts:
         report["retrieval_batch"] = args.retrieval_batch
         report["retrieval4k"] = retrieval4k(args.retrieval_batch, args.retrieval_length)
-    report["machine"]["load_average_after"] = os.getloadavg()
+    report["machine"] = machine(load_before)
     print(format_report(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,81 @@
+"""What every benchmark command shares: round-robin timing, peak step memory and the machine record.
+
+One module for these so that the commands time, measure and describe the machine the
+same way, and no command imports another command.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def interleaved(steps: dict[str, Callable[[int], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each step, after one warm-up call each, the steps run round-robin.
+
+    Each step gets the repeat's number (0 for the warm-up), e.g. to seed its RNG the same way
+    as the other steps of that round.
+    """
+    for step in steps.values():
+        step(0)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(r + 1)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def step_peak_bytes(step: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated while ``step()`` runs, above the allocation level before it.
+
+    On CUDA the caching allocator's own counters; on CPU the allocator events of a
+    ``torch.profiler`` run replayed in time order (unlike RSS, independent of what the C
+    allocator caches).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    level = peak = 0
+    for event in events:
+        level += event.nbytes()
+        peak = max(peak, level)
+    return peak
+
+
+def machine(load_before: tuple[float, float, float], device: str = "cpu") -> dict:
+    """The machine a result was measured on, with the load average before the run and now (after it).
+
+    Every command writes this under ``"machine"``: the load says how far a shared machine's
+    times are from a quiet one's.
+    """
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": model,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "load_average_before": tuple(load_before),
+        "load_average_after": os.getloadavg(),
+    }

@@ -1,0 +1,31 @@
+"""bench/timing.py: the helpers every benchmark command times, measures and records the machine with."""
+import json
+import os
+
+import torch
+
+from polyattn_lightning.bench.timing import interleaved, machine, step_peak_bytes
+
+
+def test_interleaved_warms_up_then_runs_round_robin_with_the_repeat_number():
+    calls = []
+    times = interleaved({"a": lambda r: calls.append(("a", r)), "b": lambda r: calls.append(("b", r))}, repeats=2)
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2}
+    assert all(t >= 0 for samples in times.values() for t in samples)
+
+
+def test_step_peak_bytes_counts_what_the_step_allocates_above_the_level_before():
+    held = torch.zeros(1 << 20)  # allocated before the step: not counted
+    size = 4 * (1 << 18)
+    peak = step_peak_bytes(lambda: torch.ones(1 << 18) + 1, torch.device("cpu"))  # two 1 MiB tensors live at once
+    assert 2 * size <= peak < 3 * size
+    del held
+
+
+def test_machine_records_the_load_before_and_after_under_one_key_pair():
+    before = os.getloadavg()
+    record = json.loads(json.dumps(machine(before)))
+    assert record["load_average_before"] == list(before)
+    assert len(record["load_average_after"]) == 3
+    assert record["cpu_count"] == os.cpu_count() and record["device"] == "cpu"
