@@ -23,6 +23,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
+from ..errors import ConfigError
 from ..models import LRAClassifier
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
@@ -88,13 +89,13 @@ class LRAModule(pl.LightningModule):
             data_value = getattr(datamodule, name, None)
             if hp[name] is None:
                 if data_value is None:
-                    raise ValueError(
+                    raise ConfigError(
                         f"LRAModule needs {name}: give model.init_args.{name} or use a DataModule that has it "
                         f"(missing: {', '.join(missing)})"
                     )
                 hp[name] = data_value  # saved with the checkpoint's hyperparameters
             elif data_value is not None and data_value != hp[name]:
-                raise ValueError(
+                raise ConfigError(
                     f"model {name}={hp[name]} but {type(datamodule).__name__} has {name}={data_value}; "
                     f"set model.init_args.{name}: {data_value} or leave it out"
                 )

@@ -19,6 +19,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..checkpoint import checkpoint_safe
+from ..errors import ConfigError
 
 
 @checkpoint_safe
@@ -76,7 +77,7 @@ def build_optimizer(model: nn.Module, recipe: OptimRecipe, lr: float) -> Optimiz
     params: nn.Module | list[dict[str, Any]] = model
     if recipe.no_decay_keys is not None:
         if recipe.layer_decay is not None:
-            raise ValueError("the optim recipe sets both no_decay_keys and layer_decay; only one is supported")
+            raise ConfigError("the optim recipe sets both no_decay_keys and layer_decay; only one is supported")
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         no_decay = [p for name, p in named if any(key in name for key in recipe.no_decay_keys)]
         decay = [p for name, p in named if not any(key in name for key in recipe.no_decay_keys)]
@@ -103,18 +104,18 @@ def build_scheduler(optimizer: Optimizer, recipe: OptimRecipe, total_steps: int,
     Call ``step_update(num_updates=global_step)`` after every optimizer step.
     """
     if not math.isfinite(total_steps):
-        raise ValueError(
+        raise ConfigError(
             f"the {recipe.schedule} schedule needs a finite run: set trainer.max_epochs or trainer.max_steps"
         )
     if recipe.schedule not in (*SCHEDULES, "step"):
-        raise ValueError(
+        raise ConfigError(
             f"unknown schedule {recipe.schedule!r} in the optim recipe; expected one of {sorted([*SCHEDULES, 'step'])}"
         )
     warmup = recipe.warmup_steps if recipe.warmup_steps is not None else round(recipe.warmup_epochs * steps_per_epoch)
     warmup = min(warmup, total_steps - 1)
     if recipe.schedule == "step":
         if not recipe.decay_epochs:
-            raise ValueError("the step schedule needs decay_epochs in the optim recipe, e.g. [27, 33]")
+            raise ConfigError("the step schedule needs decay_epochs in the optim recipe, e.g. [27, 33]")
         # timm decays once t + 1 reaches a milestone: +1 makes the lr drop exactly at the epoch's first update
         return MultiStepLRScheduler(
             optimizer,

@@ -11,9 +11,10 @@ from torch import nn
 from polyattn_lightning.callbacks import ExactResume
 from polyattn_lightning.data.lra import ListOpsDataModule, ListOpsSpec
 from polyattn_lightning.data.lra.listops import write_dataset
+from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.tasks import LRAModule, OptimRecipe
 from polyattn_lightning.tasks.lra import LRA_OPTIM
-from polyattn_lightning.tasks.optim import build_scheduler
+from polyattn_lightning.tasks.optim import build_optimizer, build_scheduler
 
 TINY = ListOpsSpec(num_train=64, num_val=16, num_test=21, min_length=10, max_length=60, max_depth=3, max_args=4, seed=0)
 FAST = OptimRecipe(lr=2e-3, reference_batch=None, weight_decay=0.0, eps=1e-6, warmup_steps=2, warmup_lr=1e-4,
@@ -85,9 +86,9 @@ def test_fit_without_test_after_fit_or_checkpoint(tmp_path, listops):
 
 
 def test_sizes_given_and_disagreeing_with_the_data_are_named(tmp_path, listops):
-    with pytest.raises(ValueError, match="model num_classes=5 but ListOpsDataModule has num_classes=10"):
+    with pytest.raises(ConfigError, match="model num_classes=5 but ListOpsDataModule has num_classes=10"):
         trainer(tmp_path, 1).fit(LRAModule(num_classes=5), datamodule=listops)
-    with pytest.raises(ValueError, match="LRAModule needs vocab_size"):
+    with pytest.raises(ConfigError, match="LRAModule needs vocab_size"):
         LRAModule().configure_model()
     built = LRAModule(vocab_size=16, num_classes=10, max_length=64, two_tower=False)  # no data needed
     assert isinstance(built.model.head[-1], nn.Linear) and built.model.head[-1].out_features == 10
@@ -105,8 +106,14 @@ def test_linear_schedule_warms_up_then_decays_linearly_to_the_floor():
     peak, start, floor = 1e-4, 4e-6, 4e-10
     expected = {0: start, 50: (start + peak) / 2, 100: peak, 600: (peak + floor) / 2, 1100: floor}
     assert lrs == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(ValueError, match="unknown schedule 'one_cycle'"):
+    with pytest.raises(ConfigError, match="unknown schedule 'one_cycle'"):
         build_scheduler(optimizer, OptimRecipe(schedule="one_cycle"), 10, 1)
+    with pytest.raises(ConfigError, match="the step schedule needs decay_epochs"):
+        build_scheduler(optimizer, OptimRecipe(schedule="step"), 10, 1)
+    with pytest.raises(ConfigError, match="the cosine schedule needs a finite run"):
+        build_scheduler(optimizer, OptimRecipe(schedule="cosine"), float("inf"), 1)
+    with pytest.raises(ConfigError, match="both no_decay_keys and layer_decay"):
+        build_optimizer(nn.Linear(2, 2), OptimRecipe(no_decay_keys=["bias"], layer_decay=0.65), 1e-3)
 
 
 class Killed(Exception):
