@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 BLOCK_ELEMENTS = 1 << 22
 
 
-class AttentionNorms(NamedTuple):
+class NormValues(NamedTuple):
     """Per-head norms, each ``(H,)``, averaged over the batch."""
 
     phi: Tensor
@@ -56,7 +56,7 @@ def attention_norms(
     key_padding_mask: Tensor | None = None,
     attn_mask: Tensor | None = None,
     attn_bias: Tensor | None = None,
-) -> AttentionNorms:
+) -> NormValues:
     """``||phi(S)||_F`` and ``||d phi(S)/dS||_F`` per head, for the scores ``attention()`` would use."""
     act, t, masks = resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias)
     allowed = masks.allowed
@@ -86,7 +86,7 @@ def attention_norms(
                     phi, grad = phi.masked_fill(~keep, 0.0), grad.masked_fill(~keep, 0.0)
                 phi_sq += phi.square().sum((-2, -1))
                 jac_sq += grad.square().sum((-2, -1))
-    return AttentionNorms(phi_sq.sqrt().mean(0).float(), jac_sq.sqrt().mean(0).float())
+    return NormValues(phi_sq.sqrt().mean(0).float(), jac_sq.sqrt().mean(0).float())
 
 
 def _rows(x: Tensor, block: slice) -> Tensor:
@@ -144,10 +144,8 @@ def select_layers(model: nn.Module, layers: Sequence[LayerRef] | None = None) ->
     return sorted(set(chosen), key=lambda layer: layer.index)
 
 
-def probe_attention(
-    model: nn.Module, layers: Sequence[Layer], run: Callable[[], object]
-) -> dict[int, list["AttentionInputs"]]:
-    """Call ``run()`` (a forward of ``model``) with ``capture`` set on ``layers``; returns each layer's
+def probe_attention(layers: Sequence[Layer], run: Callable[[], object]) -> dict[int, list["AttentionInputs"]]:
+    """Call ``run()`` (a forward of the model ``layers`` are in) with ``capture`` set on ``layers``; returns each layer's
     captured inputs by layer index, detached, one entry per call of that layer (two-tower models call twice).
 
     The hooks that were set before are put back, also when ``run`` raises.

@@ -127,7 +127,7 @@ def collect_maps(
     """
     chosen = select_layers(pl_module, layers)
     with probing(pl_module):
-        records = probe_attention(pl_module, chosen, lambda: run_probe(pl_module, probe))
+        records = probe_attention(chosen, lambda: run_probe(pl_module, probe))
     first = probe[0] if isinstance(probe, tuple) else probe
     result = []
     for layer in chosen:

@@ -133,7 +133,7 @@ class AttentionNorms(Callback):
         """The logged norms for one probe pass, by :func:`metric_key`."""
         layers = select_layers(pl_module, self.layers)
         with probing(pl_module):
-            records = probe_attention(pl_module, layers, lambda: run_probe(pl_module, probe))
+            records = probe_attention(layers, lambda: run_probe(pl_module, probe))
             metrics = {}
             for layer in layers:
                 if not records[layer.index]:

@@ -39,7 +39,7 @@ def test_captured_norms_match_autograd(name):
     set_attention(module, name)
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     (layer,) = select_layers(module)
-    (inputs,) = probe_attention(module, [layer], lambda: module(x))[1]
+    (inputs,) = probe_attention([layer], lambda: module(x))[1]
     got = captured_norms(inputs, name)
 
     s = inputs.q @ inputs.k.transpose(-2, -1) * inputs.temperature
