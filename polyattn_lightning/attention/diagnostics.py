@@ -180,7 +180,7 @@ class CapturedNorms(NamedTuple):
 @torch.no_grad()
 def captured_norms(inputs: "AttentionInputs", activation: ActivationSpec) -> CapturedNorms:
     """``||phi(S)||_F``, ``||d phi(S)/dS||_F`` and ``||phi(S) v||_F`` per head for what a layer attended."""
-    masks = dict(attn_mask=inputs.attn_mask, attn_bias=inputs.attn_bias)
+    masks = dict(attn_mask=inputs.attn_mask, attn_bias=inputs.attn_bias, key_padding_mask=inputs.key_padding_mask)
     norms = attention_norms(inputs.q, inputs.k, activation, temperature=inputs.temperature, **masks)
     out = attention(inputs.q, inputs.k, inputs.v, activation, temperature=inputs.temperature, **masks)
     output = out.float().square().sum((-2, -1)).sqrt().mean(0)

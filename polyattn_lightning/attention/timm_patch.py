@@ -46,7 +46,7 @@ nothing of its own:
   ``_attend`` or calls ``capture`` itself just before ``attention()``);
   :func:`attention_modules` lists them in ``named_modules`` order, which must be
   forward order: layer ``i`` of the diagnostics is the ``i``-th (1-based);
-* ``capture(module, AttentionInputs(q, k, v, temperature, attn_mask, attn_bias))``
+* ``capture(module, AttentionInputs(q, k, v, temperature, attn_mask, attn_bias, key_padding_mask))``
   gets exactly what ``attention()`` is given (shapes and mask conventions of
   ``attention()``: bool masks are True = attend; the key axis is -2 of k), so
   ``attention_map(inputs, module.activation) @ v`` is the layer's output;
@@ -78,7 +78,8 @@ class AttentionInputs(NamedTuple):
     """What a switched module attends: ``out = phi(q k^T * temperature + attn_bias) @ v``.
 
     Shapes are those given to ``attention()``: q ``(B, H, Nq, d)``, k ``(B, H, Nk, d)``,
-    v ``(B, H, Nk, dv)``; ``attn_mask`` and ``attn_bias`` broadcast to ``(B, H, Nq, Nk)``.
+    v ``(B, H, Nk, dv)``; ``attn_mask`` and ``attn_bias`` broadcast to ``(B, H, Nq, Nk)``;
+    ``key_padding_mask`` is bool ``(B, Nk)``, True = padding (padded sequences, e.g. LRA's).
     """
 
     q: Tensor
@@ -87,6 +88,7 @@ class AttentionInputs(NamedTuple):
     temperature: float
     attn_mask: Tensor | None = None
     attn_bias: Tensor | None = None
+    key_padding_mask: Tensor | None = None
 
 
 Capture = Callable[[nn.Module, AttentionInputs], None]
@@ -99,7 +101,7 @@ def attention_map(inputs: AttentionInputs, activation: ActivationSpec) -> Tensor
     """
     act = get_activation(activation)
     q, k = inputs.q.float(), inputs.k.float()
-    masks = normalize_masks(q, k, None, inputs.attn_mask, softmax=act.is_softmax)
+    masks = normalize_masks(q, k, inputs.key_padding_mask, inputs.attn_mask, softmax=act.is_softmax)
     scores = q @ k.transpose(-2, -1) * inputs.temperature
     if inputs.attn_bias is not None:
         scores = scores + inputs.attn_bias.float()
@@ -126,7 +128,9 @@ class SwitchedAttention(nn.Module):
         return get_activation(self.activation_spec)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, temperature: float, **masks: Tensor | None) -> Tensor:
-        """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias`` as ``attention()`` takes them."""
+        """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias``/``key_padding_mask`` as
+        ``attention()`` takes them (padding as ``key_padding_mask`` keeps poly1's linear-time form and the
+        fused kernels' padding skip, which a dense ``attn_mask`` would cost)."""
         if self.capture is not None:
             self.capture(self, AttentionInputs(q, k, v, temperature, **masks))
         dropout_p = self.attn_drop.p if self.training else 0.0

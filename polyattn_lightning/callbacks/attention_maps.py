@@ -141,6 +141,8 @@ def collect_maps(
         for start in range(0, count, step):
             rows = slice(start, start + step)
             chunk = type(inputs)(*(_rows(x, rows, count) if isinstance(x, Tensor) else x for x in inputs))
+            if inputs.key_padding_mask is not None:  # (B, Nk): always one row per attended row
+                chunk = chunk._replace(key_padding_mask=inputs.key_padding_mask[rows])
             weights = attention_map(chunk, layer.module.activation_spec)[:, picked]  # (rows, heads, Nq, Nk)
             heat = heat + weights.sum(0)
             mean = weights.mean(1)

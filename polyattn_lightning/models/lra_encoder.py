@@ -21,8 +21,8 @@ import torch
 from timm.layers import Mlp
 from torch import Tensor, nn
 
-from ..attention import ActivationSpec, attention, get_activation
-from ..attention.timm_patch import AttentionInputs, SwitchedAttention
+from ..attention import ActivationSpec, get_activation
+from ..attention.timm_patch import SwitchedAttention
 
 
 class LRAAttention(SwitchedAttention):
@@ -31,7 +31,7 @@ class LRAAttention(SwitchedAttention):
     It is a :class:`~polyattn_lightning.attention.timm_patch.SwitchedAttention`, so
     ``set_attention`` re-switches it and the diagnostics find it with
     ``attention_modules`` and read it through ``capture`` like a switched timm module.
-    The captured :class:`AttentionInputs` carry the padding as ``attn_mask`` (True = attend).
+    The captured :class:`AttentionInputs` carry the padding as ``key_padding_mask`` (True = padding).
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int, activation: ActivationSpec, attn_drop: float):
@@ -49,20 +49,8 @@ class LRAAttention(SwitchedAttention):
         """x ``(B, N, dim)``; key_padding_mask bool ``(B, N)``, True = padding."""
         B, N, _ = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = self._attend(q, k, v, self.scale, key_padding_mask)
+        x = self._attend(q, k, v, self.scale, key_padding_mask=key_padding_mask)
         return self.proj(x.transpose(1, 2).reshape(B, N, -1))
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, temperature: float, key_padding_mask: Tensor | None) -> Tensor:
-        """As ``SwitchedAttention._attend``, but padding goes to ``attention()`` as ``key_padding_mask``:
-        as an ``attn_mask`` it would cost poly1 its linear-time form and the fused kernels their padding skip."""
-        if self.capture is not None:
-            keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-            self.capture(self, AttentionInputs(q, k, v, temperature, attn_mask=keep))
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        return attention(
-            q, k, v, self.activation_spec,
-            temperature=temperature, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-        )
 
 
 class LRABlock(nn.Module):
