@@ -8,14 +8,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import Dataset
 
-from polyattn_lightning.checkpoint import SafeCheckpointIO
 from polyattn_lightning.data import DigitsDataModule
 from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe, Recipe
 
@@ -67,23 +65,6 @@ class AugmentedDigits(DigitsDataModule):
 
 def augmented_digits(batch_size: int, num_workers: int = 0) -> AugmentedDigits:
     return AugmentedDigits(img_size=8, batch_size=batch_size, num_workers=num_workers)
-
-
-def cpu_trainer(**overrides: Any) -> pl.Trainer:
-    """A quiet, deterministic CPU trainer with the project's checkpoint IO; ``overrides`` win."""
-    settings: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        deterministic=True,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        plugins=[SafeCheckpointIO()],
-    )
-    settings.update(overrides)
-    return pl.Trainer(**settings)
 
 
 class MemoryLogger(Logger):

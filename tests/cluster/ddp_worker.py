@@ -1,6 +1,6 @@
 """One side of the DDP-equivalence test: 4 steps of the tiny classifier, then a validation pass.
 
-Two ranks:  python -m torch.distributed.run --standalone --nproc_per_node 2 ddp_worker.py OUT_DIR
+Two ranks:  PYTHONPATH=tests python -m torch.distributed.run --standalone --nproc_per_node 2 ddp_worker.py OUT_DIR
 One process: ``run(1, OUT_DIR)`` from the test. Rank 0 saves what the test compares
 to OUT_DIR/result.pt, and the trainer its last checkpoint to OUT_DIR/last.ckpt.
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from cluster_harness import cpu_trainer, digits, tiny_classifier
+from cluster_harness import digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
+from training_helpers import cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard
 from polyattn_lightning.distributed import distributed_teardown

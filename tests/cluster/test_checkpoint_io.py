@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cluster_harness import cpu_trainer, digits, tiny_classifier
+from cluster_harness import digits, tiny_classifier
+from training_helpers import cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard
 from polyattn_lightning.checkpoint import CheckpointLoadError, SafeCheckpointIO, load_checkpoint

@@ -7,6 +7,7 @@ only one rank's loss is NaN; and a DDP checkpoint holds every rank's RNG state.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from cluster_harness import digits, tiny_classifier
 import ddp_worker
 
 pytestmark = pytest.mark.slow
+TESTS = str(Path(__file__).resolve().parents[1])  # training_helpers, for the torchrun workers
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,8 @@ def ddp_run(tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("ddp")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.run(
-        [*command, ddp_worker.__file__, str(out)], cwd=out, capture_output=True, text=True, timeout=300
+        [*command, ddp_worker.__file__, str(out)], cwd=out, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))},
     )
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return torch.load(out / "result.pt", weights_only=True), out

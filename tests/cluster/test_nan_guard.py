@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cluster_harness import cpu_trainer
+from training_helpers import cpu_trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from cluster_harness import cpu_trainer, digits, tiny_classifier
+from cluster_harness import digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import MixedPrecision
+from training_helpers import cpu_trainer
 
 from polyattn_lightning import cli
 from polyattn_lightning.checkpoint import SafeCheckpointIO

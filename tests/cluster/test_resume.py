@@ -14,25 +14,13 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from cluster_harness import MemoryLogger, augmented_digits, cpu_trainer, tiny_classifier
+from cluster_harness import MemoryLogger, augmented_digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
+from training_helpers import Killed, KillAt, cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3
-
-
-class Killed(Exception):
-    """Stands for the job being preempted."""
-
-
-class KillAt(Callback):
-    def __init__(self, step: int | None):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            raise Killed
 
 
 class RecordBatches(Callback):

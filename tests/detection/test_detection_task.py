@@ -13,9 +13,9 @@ from detection_harness import TINY_SET, tiny_data, tiny_detector, tiny_detector_
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
+from training_helpers import Killed, KillAt, cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard, PredictionWriter
-from polyattn_lightning.checkpoint import SafeCheckpointIO
 from polyattn_lightning.tasks.detection import METRIC_ITEMS, coco_metric, coco_scores
 
 
@@ -92,14 +92,6 @@ def test_no_detections_score_zero(coco_root):
     assert set(coco_scores(metric, empty).values()) == {0.0}
 
 
-def cpu_trainer(**overrides) -> pl.Trainer:
-    settings = dict(accelerator="cpu", devices=1, deterministic=True, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                    plugins=[SafeCheckpointIO()])
-    settings.update(overrides)
-    return pl.Trainer(**settings)
-
-
 class LossHistory(Callback):
     def __init__(self) -> None:
         self.losses: list[float] = []
@@ -150,19 +142,6 @@ def test_a_class_count_that_disagrees_with_the_data_stops_the_run(coco_root):
 # ---- exact resume ----------------------------------------------------------------------------------
 
 STEPS_PER_EPOCH, EPOCHS = 3, 2
-
-
-class Killed(Exception):
-    """Stands for the job being preempted."""
-
-
-class KillAt(Callback):
-    def __init__(self, step: int | None):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            raise Killed
 
 
 class RecordImages(Callback):

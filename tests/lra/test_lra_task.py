@@ -7,6 +7,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
+from training_helpers import Killed, KillAt
 
 from polyattn_lightning.callbacks import ExactResume
 from polyattn_lightning.data.lra import ListOpsDataModule, ListOpsSpec
@@ -114,19 +115,6 @@ def test_linear_schedule_warms_up_then_decays_linearly_to_the_floor():
         build_scheduler(optimizer, OptimRecipe(schedule="cosine"), float("inf"), 1)
     with pytest.raises(ConfigError, match="both no_decay_keys and layer_decay"):
         build_optimizer(nn.Linear(2, 2), OptimRecipe(no_decay_keys=["bias"], layer_decay=0.65), 1e-3)
-
-
-class Killed(Exception):
-    pass
-
-
-class KillAt(Callback):
-    def __init__(self, step: int | None):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            raise Killed
 
 
 def train(root, listops, kill_at=None, ckpt_path=None) -> dict | None:
