@@ -185,6 +185,17 @@ class DetectionModule(pl.LightningModule):
         preprocessor.to(self.device)  # mmengine keeps its own device record, which Lightning's .to() never sets
         return preprocessor(batch, training)
 
+    # ---- attention diagnostics (callbacks/attention_norms.py, attention_maps.py) ------------------
+
+    def attention_probe(self, batch: dict, size: int) -> Tensor:
+        """The diagnostics' probe: the first ``size`` images of a batch, preprocessed as for evaluation."""
+        sample = {key: value[:size] for key, value in batch.items()}
+        return self._preprocess(sample, False)["inputs"].detach().clone()
+
+    def forward(self, images: Tensor) -> tuple[Tensor, ...]:
+        """The backbone and neck's feature maps: all the diagnostics need (the heads hold no attention)."""
+        return self.detector.extract_feat(images)
+
     # ---- steps -------------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
