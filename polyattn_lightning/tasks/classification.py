@@ -1,7 +1,6 @@
 """Image classification with a timm model whose attention comes from the registry."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..attention.timm_patch import set_attention
 from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError
 from .models import create_timm_model
-from .optim import OptimRecipe, build_optimizer, build_scheduler, global_batch_size
+from .optim import OptimRecipe, configure_recipe, step_scheduler
 
 
 @checkpoint_safe
@@ -167,16 +166,7 @@ class ClassificationModule(pl.LightningModule):
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        trainer = self.trainer
-        total_steps = trainer.estimated_stepping_batches  # also sets up the train loader read below...
-        if trainer.train_dataloader is None:  # ...unless max_steps alone bounds the run: then load it here
-            trainer.fit_loop.setup_data()
-        lr = self.recipe.optim.scaled_lr(global_batch_size(trainer, trainer.train_dataloader.batch_size))
-        optimizer = build_optimizer(self.model, self.recipe.optim, lr)
-        steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        scheduler = build_scheduler(optimizer, self.recipe.optim, total_steps, steps_per_epoch)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return configure_recipe(self, self.model, self.recipe.optim)
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
-        """timm schedulers are set from the update count, which also makes resuming exact."""
-        scheduler.step_update(num_updates=self.global_step)
+        step_scheduler(self, scheduler)
