@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .functional import attention, resolve_scores
 from .masks import keys_per_row
 from .registry import ActivationSpec
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .timm_patch import AttentionInputs, SwitchedAttention
@@ -137,7 +138,7 @@ def select_layers(model: nn.Module, layers: Sequence[LayerRef] | None = None) ->
         elif isinstance(ref, str) and ref in by_name:
             chosen.append(by_name[ref])
         else:
-            raise ValueError(
+            raise ConfigError(
                 f"no attention layer {ref!r}: expected a number 1..{len(found)} or one of the module names "
                 f"{', '.join(by_name)}"
             )

@@ -39,6 +39,7 @@ from ..attention import describe
 from ..attention.diagnostics import Layer, LayerRef, probe_attention, select_layers
 from ..attention.timm_patch import SwinWindowAttention, XCiTAttention, attention_map
 from .attention_norms import probe_batch, probing, run_probe
+from ..errors import ConfigError
 
 #: Most prefix (class, distillation, register) tokens looked for in front of a patch grid.
 MAX_PREFIX_TOKENS = 8
@@ -161,7 +162,7 @@ def _heads(count: int, heads: Sequence[int] | None, layer: Layer) -> list[int]:
         return list(range(count))
     bad = [h for h in heads if not 0 <= h < count]
     if bad:
-        raise ValueError(f"layer {layer.index} ({layer.name}) has heads 0..{count - 1}; got {bad}")
+        raise ConfigError(f"layer {layer.index} ({layer.name}) has heads 0..{count - 1}; got {bad}")
     return list(heads)
 
 

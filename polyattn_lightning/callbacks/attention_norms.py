@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..attention.diagnostics import LayerRef, captured_norms, probe_attention, select_layers
 from .resume import capture_rng_state, restore_rng_state
+from ..errors import ConfigError
 
 #: Logged quantities, by the field of :class:`~polyattn_lightning.attention.diagnostics.CapturedNorms`.
 QUANTITIES = {"phi": "phi_norm", "jacobian": "jacobian_norm", "output": "output_norm"}
@@ -102,7 +103,7 @@ class AttentionNorms(Callback):
             probe_size: samples in the fixed probe batch.
         """
         if every_n_steps < 1 or probe_size < 1:
-            raise ValueError(f"every_n_steps and probe_size must be >= 1, got {every_n_steps} and {probe_size}")
+            raise ConfigError(f"every_n_steps and probe_size must be >= 1, got {every_n_steps} and {probe_size}")
         self.every_n_steps = every_n_steps
         self.layers = None if layers is None else list(layers)
         self.probe_size = probe_size

@@ -21,6 +21,7 @@ from .. import tasks
 from ..callbacks.attention_maps import attention_pictures
 from ..checkpoint import load_checkpoint
 from ..data.base import read_rgb
+from ..errors import ConfigError
 
 
 def layer_ref(text: str) -> int | str:
@@ -38,7 +39,7 @@ def module_class(name: str) -> type[LightningModule]:
     except (ImportError, AttributeError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, LightningModule)):
-        raise ValueError(f"--model-class {name!r} is not a LightningModule (a task name such as ClassificationModule "
+        raise ConfigError(f"--model-class {name!r} is not a LightningModule (a task name such as ClassificationModule "
                          "or a dotted path package.module.Class)")
     return cls
 
@@ -50,7 +51,7 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
     """
     checkpoint = load_checkpoint(ckpt)  # names the file if it is damaged
     if "hyper_parameters" not in checkpoint or "state_dict" not in checkpoint:
-        raise ValueError(f"{ckpt} is not a Lightning checkpoint of a module that saves its hyperparameters")
+        raise ConfigError(f"{ckpt} is not a Lightning checkpoint of a module that saves its hyperparameters")
     hparams = checkpoint["hyper_parameters"]
     cls = module_class(class_name or hparams.get("_class_path") or "ClassificationModule")
     overrides = {"pretrained": None} if hparams.get("pretrained") else {}  # the checkpoint's weights replace them
@@ -65,7 +66,7 @@ def input_size(module: LightningModule, given: int | None) -> int:
         return given
     size = module.hparams.get("img_size") or getattr(getattr(module.model, "patch_embed", None), "img_size", None)
     if size is None:
-        raise ValueError("cannot tell the model's input size; pass --img-size")
+        raise ConfigError("cannot tell the model's input size; pass --img-size")
     return size if isinstance(size, int) else size[0]
 
 

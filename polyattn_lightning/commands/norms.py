@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from ..attention import describe, get_activation
 from ..callbacks.attention_norms import QUANTITIES
+from ..errors import ConfigError, MissingPathError
 
 #: ``attention/<quantity>/layer<NN>/mean``: the head averages the figure draws.
 MEAN_KEY = re.compile(r"^attention/(?P<quantity>\w+)/layer(?P<layer>\d+)/mean$")
@@ -48,10 +49,10 @@ def find_runs(roots: list[Path]) -> list[Path]:
     runs = []
     for root in roots:
         if not root.is_dir():
-            raise FileNotFoundError(f"run directory {root} does not exist")
+            raise MissingPathError(f"run directory {root} does not exist")
         found = {p.parent for p in root.rglob("events.out.tfevents.*")} | {p.parent for p in root.rglob("metrics.csv")}
         if not found:
-            raise FileNotFoundError(f"{root} holds no TensorBoard event files and no metrics.csv")
+            raise MissingPathError(f"{root} holds no TensorBoard event files and no metrics.csv")
         runs += sorted(found)
     return runs
 
@@ -103,7 +104,7 @@ def norms_figure(runs: dict[str, Series], layers: list[int] | None, quantities: 
     layers = layers or available
     missing = sorted(set(layers) - set(available))
     if missing:
-        raise ValueError(f"no run logged layer(s) {missing}; logged layers: {available}")
+        raise ConfigError(f"no run logged layer(s) {missing}; logged layers: {available}")
     fig = Figure(figsize=(max(4.2 * len(layers), 7.0), 3.3 * len(quantities) + 0.8), layout="constrained")
     axes = fig.subplots(len(quantities), len(layers), squeeze=False)
     for row, quantity in zip(axes, quantities):
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> Path:
             if series:
                 runs[run_label(run, root)] = series
     if not runs:
-        raise ValueError(f"no attention norms logged under {', '.join(map(str, args.runs))}: train with the "
+        raise ConfigError(f"no attention norms logged under {', '.join(map(str, args.runs))}: train with the "
                          "AttentionNorms callback (configs/trainer/callbacks/attention_norms.yaml)")
     fig = norms_figure(runs, args.layer, args.quantity or list(QUANTITIES.values()), log=not args.linear)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 
 from ..attention import describe, get_activation
 from ..cli import make_cli
+from ..errors import ConfigError, MissingPathError
 
 #: Trainer settings of every sweep run: train ``--steps`` steps, validate once at the end, write nothing.
 QUIET = {
@@ -46,7 +47,7 @@ def patch_size(length: int, img_size: int) -> int:
     if side * side == length and side and img_size % side == 0:
         return img_size // side
     fitting = [(img_size // p) ** 2 for p in range(1, img_size + 1) if img_size % p == 0]
-    raise ValueError(f"--lengths {length}: a {img_size}-px image cuts into a square number of equal patches only: "
+    raise ConfigError(f"--lengths {length}: a {img_size}-px image cuts into a square number of equal patches only: "
                      f"{', '.join(map(str, fitting))} (or change --img-size)")
 
 
@@ -61,7 +62,7 @@ def base_settings(config: Path, extra: list[str]) -> tuple[dict, int, dict]:
     spec = model.attention
     spec = dict(spec) if not isinstance(spec, str) else {"name": spec}
     if model.get("img_size") is None:
-        raise ValueError(f"{config}: model.init_args.img_size must be set for a sweep over sequence lengths")
+        raise ConfigError(f"{config}: model.init_args.img_size must be set for a sweep over sequence lengths")
     return spec, int(model.img_size), dict(model.get("model_kwargs") or {})
 
 
@@ -122,9 +123,9 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
     args = parser().parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     if not args.config.is_file():
-        raise FileNotFoundError(f"--config {args.config} does not exist")
+        raise MissingPathError(f"--config {args.config} does not exist")
     if min(args.scales) <= 0 or args.steps < 1:
-        raise ValueError(f"--scales must be > 0 (log axis) and --steps >= 1; got {args.scales} and {args.steps}")
+        raise ConfigError(f"--scales must be > 0 (log axis) and --steps >= 1; got {args.scales} and {args.steps}")
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # one line per run instead of Lightning's banners
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # we pass args on purpose
     spec, img_size, kwargs = base_settings(args.config, extra)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +50,21 @@ def test_maps_command_writes_pngs_of_the_expected_size(tmp_path, checkpoint):
         assert np.asarray(heat.convert("L")).std() > 10  # not a blank canvas
 
 
-def test_maps_command_names_a_bad_head(tmp_path, checkpoint):
+def user_error(capsys, argv: list[str]) -> str:
+    """What the CLI prints for a mistake in its input: exit status 2, a short `error:` line, no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ")
+    assert "Traceback" not in err and len(err.splitlines()) <= 4
+    return err
+
+
+def test_maps_command_names_a_bad_head(tmp_path, checkpoint, capsys):
     image = digit_png(tmp_path / "digit.png", 0)
-    with pytest.raises(ValueError, match=r"has heads 0\.\.1; got \[5\]"):
-        cli.main(["maps", "--ckpt", str(checkpoint), "--image", str(image), "--head", "5", "--out", str(tmp_path)])
+    err = user_error(capsys, ["maps", "--ckpt", str(checkpoint), "--image", str(image), "--head", "5", "--out",
+                              str(tmp_path)])
+    assert re.search(r"has heads 0\.\.1; got \[5\]", err)
 
 
 def test_sweep_on_digits_writes_csv_and_png(tmp_path, monkeypatch):
@@ -71,17 +83,17 @@ def test_sweep_on_digits_writes_csv_and_png(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.png"]  # the runs kept nothing
 
 
-def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path):
-    with pytest.raises(ValueError, match=r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1"):
-        cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8",
-                  "--out", str(tmp_path / "s.png")])
+def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path, capsys):
+    err = user_error(capsys, ["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8",
+                              "--out", str(tmp_path / "s.png")])
+    assert re.search(r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1", err)
 
 
-def test_norms_command_names_runs_without_norms(tmp_path):
+def test_norms_command_names_runs_without_norms(tmp_path, capsys):
     run = tmp_path / "runs" / "version_0"
     run.mkdir(parents=True)
     (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,2.3\n")
-    with pytest.raises(ValueError, match=r"no attention norms logged under .*runs: train with the AttentionNorms"):
-        cli.main(["norms", str(tmp_path / "runs"), "--out", str(tmp_path / "n.png")])
-    with pytest.raises(FileNotFoundError, match=r"run directory .*missing does not exist"):
-        cli.main(["norms", str(tmp_path / "missing"), "--out", str(tmp_path / "n.png")])
+    err = user_error(capsys, ["norms", str(tmp_path / "runs"), "--out", str(tmp_path / "n.png")])
+    assert re.search(r"no attention norms logged under .*runs: train with the AttentionNorms", err)
+    err = user_error(capsys, ["norms", str(tmp_path / "missing"), "--out", str(tmp_path / "n.png")])
+    assert re.search(r"run directory .*missing does not exist", err)
