@@ -16,7 +16,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import yaml
@@ -113,6 +113,19 @@ class ShortErrorParser(LightningArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
 
+def yaml_references(config: Any) -> Iterator[str]:
+    """Every string value of a parsed config that names another YAML file (a piece, relative to that config)."""
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str) and node.endswith((".yaml", ".yml")):
+            yield node
+
+
 def check_yaml_syntax(args: list[str]) -> None:
     """A ``--config`` file, or a YAML piece it names, that is not valid YAML: an error naming that file and line
     (jsonargparse parses the text and says ``in "<unicode string>"``). Missing files are left to jsonargparse."""
@@ -126,17 +139,10 @@ def check_yaml_syntax(args: list[str]) -> None:
         seen.add(path)
         try:
             with path.open() as file:
-                stack = [yaml.safe_load(file)]
+                config = yaml.safe_load(file)
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from err
-        while stack:  # the pieces it names, relative to it
-            node = stack.pop()
-            if isinstance(node, dict):
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, str) and node.endswith((".yaml", ".yml")):
-                pending.append(path.parent / node)
+        pending += [path.parent / name for name in yaml_references(config)]  # the pieces it names, relative to it
 
 
 def config_attention(files) -> Any:

@@ -48,15 +48,7 @@ def test_every_shared_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
     named = set()
     for path in CONFIGS.rglob("*.yaml"):
-        stack = [yaml.safe_load(path.read_text())]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, str) and node.endswith(".yaml"):
-                named.add((path.parent / node).resolve())
+        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
     # detection and LRA keep their experiments and pieces under configs/detection and configs/lra (their own tests)
     pieces = {p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] not in ("detection", "lra")}
     pieces -= set(EXPERIMENTS)

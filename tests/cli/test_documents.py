@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from polyattn_lightning.cli import yaml_references
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CONFIGS_README = (ROOT / "configs" / "README.md").read_text()
@@ -13,22 +15,9 @@ QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
 FINETUNE = ROOT / "configs" / "classification" / "finetune" / "vit_small_softmax_to_poly3.yaml"
 
 
-def yaml_references(path: Path):
-    """Every string value of a config that names a YAML file, with the file it resolves to."""
-    stack = [yaml.safe_load(path.read_text())]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, str) and node.endswith((".yaml", ".yml")):
-            yield node, (path.parent / node).resolve()
-
-
 def test_every_yaml_a_config_names_exists():
     missing = [f"{path.relative_to(ROOT)}: {name}" for path in (ROOT / "configs").rglob("*.yaml")
-               for name, target in yaml_references(path) if not target.is_file()]
+               for name in yaml_references(yaml.safe_load(path.read_text())) if not (path.parent / name).is_file()]
     assert not missing
 
 

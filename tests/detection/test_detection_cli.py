@@ -53,15 +53,7 @@ def test_every_detection_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
     named = set()
     for path in CONFIGS.rglob("*.yaml"):
-        stack = [yaml.safe_load(path.read_text())]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, str) and node.endswith(".yaml"):
-                named.add((path.parent / node).resolve())
+        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
     pieces = set(CONFIGS.rglob("*.yaml")) - set(EXPERIMENTS)
     assert {piece.resolve() for piece in pieces} <= named
     assert all(ref.is_file() for ref in named)

@@ -76,15 +76,7 @@ def test_config_composes_to_the_recipe(path: Path):
 def test_every_lra_config_piece_is_used():
     named = set()
     for path in LRA.rglob("*.yaml"):
-        stack = [yaml.safe_load(path.read_text())]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, str) and node.endswith(".yaml"):
-                named.add((path.parent / node).resolve())
+        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
     assert all(ref.is_file() for ref in named)
     pieces = set(LRA.rglob("*.yaml")) - set(EXPERIMENTS) - {QUICKSTART}
     assert {piece.resolve() for piece in pieces} <= named
