@@ -17,6 +17,7 @@ from ..attention.timm_patch import set_attention
 from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError
 from .models import create_timm_model
+from .evaluation import log_evaluation
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
 
@@ -159,11 +160,7 @@ class ClassificationModule(pl.LightningModule):
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> None:
         images, targets = batch
-        logits = self(images)
-        self.log(f"{stage}/loss", nn.functional.cross_entropy(logits, targets), sync_dist=True)
-        metrics.update(logits, targets)
-        # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
+        log_evaluation(self, self(images), targets, metrics, stage)
 
     def configure_optimizers(self) -> dict[str, Any]:
         return configure_recipe(self, self.model, self.recipe.optim)

@@ -25,6 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from ..attention import ActivationSpec
 from ..errors import ConfigError
 from ..models import LRAClassifier
+from .evaluation import log_evaluation
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
 #: Xiong et al.'s optimizer and schedule: AdamW (0.9, 0.999), eps 1e-6, no weight decay, lr 1e-4, linear
@@ -127,12 +128,7 @@ class LRAModule(pl.LightningModule):
         return self(batch["input_ids"], batch["mask"]).softmax(dim=-1)
 
     def _evaluate(self, batch: dict[str, Tensor], metrics: MetricCollection, stage: str) -> None:
-        logits, labels = self(batch["input_ids"], batch["mask"]), batch["label"]
-        self.log(f"{stage}/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True,
-                 batch_size=len(labels))
-        metrics.update(logits, labels)
-        # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
+        log_evaluation(self, self(batch["input_ids"], batch["mask"]), batch["label"], metrics, stage)
 
     def on_fit_end(self) -> None:
         """Score the test split with the best checkpoint by validation accuracy (the last weights without one)."""
