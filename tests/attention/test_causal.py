@@ -1,14 +1,15 @@
 """``attention(..., is_causal=True)`` on every kernel against a dense bottom-right mask of the tests' own.
 
-Query i attends keys j <= i + Nk - Nq. The reference builds that mask densely from index
-comparisons and hands it to ``reference_attention``; the kernels never see a mask tensor.
+Query i attends keys j <= i + Nk - Nq. The reference (``attention_reference.causal_reference``) builds
+that mask densely from index comparisons; the kernels never see a mask tensor. The Triton kernel's
+causal cases are in ``interpreted_triton_cases.py``.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_reference import ELEMENTWISE, make_qkv, reference_attention
+from attention_reference import ELEMENTWISE, bottom_right, causal_reference, make_qkv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from polyattn_lightning.attention import associative, attention, blocked, fused_cpu, get_activation
@@ -18,18 +19,6 @@ from polyattn_lightning.attention.masks import keys_per_row
 QUADRATIC = ["materialized", "blocked", "fused_cpu"]
 #: (Nq, Nk): square, a few queries over a cache (Nq < Nk), and more queries than keys (rows with no key)
 SHAPES = [(9, 9), (3, 17), (1, 17), (20, 7)]
-
-
-def bottom_right(nq: int, nk: int) -> torch.Tensor:
-    """bool (Nq, Nk): key j allowed for query i iff j <= i + Nk - Nq."""
-    i = torch.arange(nq)[:, None]
-    j = torch.arange(nk)[None, :]
-    return j - i <= nk - nq
-
-
-def causal_reference(q, k, v, name, keep=None):
-    mask = bottom_right(q.shape[-2], k.shape[-2])
-    return reference_attention(q, k, v, name, keep=mask if keep is None else keep & mask)
 
 
 def _grads(out, inputs):
