@@ -249,6 +249,14 @@ _PROBE_ACTIVATION = "relu"
 Probe = Callable[[], object]
 
 
+class AttentionRefused(ConfigError):
+    """set_attention refused a model (nothing changed): ``unswitched`` says which modules keep softmax and why."""
+
+    def __init__(self, message: str, unswitched: list[Unswitched]):
+        super().__init__(message)
+        self.unswitched = unswitched
+
+
 def set_attention(
     model: nn.Module, activation: ActivationSpec, *, strict: bool = True, probe: Probe | bool | None = None
 ) -> int:
@@ -257,14 +265,20 @@ def set_attention(
     Args:
         model: a timm model, a part of one (a block, one attention module) or a module holding switched ones.
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
-        strict: refuse (``ConfigError``, nothing changed) when any module would keep softmax, except attention
-            pooling heads; False switches the rest and logs one line naming what stays softmax.
+        strict: refuse (:class:`AttentionRefused`, a ``ConfigError``; nothing changed) when any module would
+            keep softmax, attention pooling heads aside; False switches the rest and logs one line naming what
+            stays softmax. With nothing to switch it always refuses.
         probe: the forward that shows what still computes softmax after the switch (a callable running one
             forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
             where the model states none (a bare block: then only the class tables count); False skips it.
 
     See the module docstring for what switches and how to add a family.
     """
+    return len(_set_attention(model, activation, strict, probe)[0])
+
+
+def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], list[Unswitched]]:
+    """set_attention's work; returns the switched modules and those that keep softmax."""
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)  # the caller's dict may change later
@@ -277,26 +291,26 @@ def set_attention(
         elif (verdict := _static_verdict(module)) is not None:
             unswitched[name] = Unswitched(name, type(module), *verdict)
     model_name = type(model).__name__
-    if not found:
-        detail = _listed(unswitched.values())
-        raise ConfigError(
-            f"{model_name} has no attention module set_attention can switch" + (f": {detail}" if detail else "")
-            + " (the support table in the README lists what switches)"
-        )
     undo = [_switch(module, adapter) for module, adapter in found]
     try:
-        if probe is not False:
-            run = image_probe(model) if probe is None or probe is True else probe
-            if run is not None:
-                for call in _probe(model, run):
-                    verdict = _probe_verdict(call)
-                    unswitched.setdefault(verdict.path, verdict)
+        run = None if probe is False else image_probe(model) if probe is None or probe is True else probe
+        if run is not None:
+            for call in _probe(model, run):
+                verdict = _probe_verdict(call)
+                unswitched.setdefault(verdict.path, verdict)
         refused = [u for u in unswitched.values() if not u.by_decision]
+        if not found:
+            detail = _listed(unswitched.values())
+            raise AttentionRefused(
+                f"{model_name} has no attention module set_attention can switch" + (f": {detail}" if detail else "")
+                + " (the support table in the README lists what switches)", list(unswitched.values())
+            )
         if refused and strict:
-            raise ConfigError(
+            raise AttentionRefused(
                 f"{model_name} has attention set_attention cannot switch, so it would keep softmax there: "
                 + _listed(refused)
-                + ". Set strict=False (YAML: model.init_args.attention_strict: false) to switch the rest"
+                + ". Set strict=False (YAML: model.init_args.attention_strict: false) to switch the rest",
+                list(unswitched.values()),
             )
     except BaseException:
         for restore in reversed(undo):
@@ -308,7 +322,7 @@ def set_attention(
         level = logging.WARNING if any(not u.by_decision for u in unswitched.values()) else logging.INFO
         log.log(level, "%s: %d attention modules switched to %s; stays softmax: %s", model_name, len(found),
                 activation, _listed(unswitched.values()))
-    return len(found)
+    return [module for module, _ in found], list(unswitched.values())
 
 
 def _switch(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[], None]:
@@ -361,6 +375,6 @@ def attention_modules(model: nn.Module) -> list[tuple[str, SwitchedAttention]]:
 
 
 __all__ = [
-    "AttentionInputs", "Capture", "SwitchedAttention", "Unswitched", "attention_map", "attention_modules",
+    "AttentionInputs", "AttentionRefused", "Capture", "SwitchedAttention", "Unswitched", "attention_map", "attention_modules",
     "set_attention",
 ]

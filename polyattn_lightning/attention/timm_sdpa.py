@@ -156,6 +156,9 @@ def _sdpa(
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
         value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    if key.shape[:-2] != query.shape[:-2]:  # SDPA broadcasts the batch axes (MobileNetV5's one k/v head): a view
+        key = key.expand(*query.shape[:-2], *key.shape[-2:])
+        value = value.expand(*query.shape[:-2], *value.shape[-2:])
     masks = {}
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         masked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2  # -inf and finfo.min alike
