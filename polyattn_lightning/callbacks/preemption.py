@@ -27,6 +27,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from ..errors import ConfigError
+
 #: Lightning's name for requeue checkpoints: with ``ckpt_path=None`` under SLURM, ``fit`` resumes from the newest one.
 HPC_PATTERN = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 #: The checkpoint's val-loop progress key (Lightning's loop state layout).
@@ -64,7 +66,7 @@ class SlurmPreemption(Callback):
 
     def __init__(self, kill_wait: float = 30.0) -> None:
         if kill_wait <= 0:
-            raise ValueError(f"SlurmPreemption: kill_wait must be > 0 seconds, got {kill_wait}")
+            raise ConfigError(f"SlurmPreemption: kill_wait must be > 0 seconds (SLURM's KillWait), got {kill_wait}")
         self.kill_wait = kill_wait
         self._environment: SLURMEnvironment | None = None
         self._requeue_signal: int | None = None

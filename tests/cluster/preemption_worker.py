@@ -60,7 +60,7 @@ class SendSignal(Callback):
 
     * ``mid_step``: after backward, before the optimizer step of step SIGNAL_STEP;
     * ``validation``: between the first and second batch of the validation at the end of epoch 0;
-    * ``epoch_boundary``: at the start of epoch 1, before its first batch;
+    * ``epoch_boundary``: at the start of epoch 1, before its first batch (``epoch_2_boundary``: of epoch 2);
     * ``checkpoint_write``: while last.ckpt is written at the end of epoch 0 (by :class:`SignallingIO`).
     """
 
@@ -81,7 +81,7 @@ class SendSignal(Callback):
             self.send()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if self.where == "epoch_boundary" and trainer.current_epoch == 1:
+        if (self.where, trainer.current_epoch) in (("epoch_boundary", 1), ("epoch_2_boundary", 2)):
             self.send()
 
 
