@@ -54,6 +54,9 @@ class Recipe:
 class ClassificationModule(pl.LightningModule):
     """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation."""
 
+    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
+    monitor, mode = "val/top1", "max"
+
     #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``
     hparams_checkpoint: str | None = None
 

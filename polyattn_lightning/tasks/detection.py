@@ -123,6 +123,9 @@ def coco_scores(metric, results: list[dict]) -> dict[str, float]:
 class DetectionModule(pl.LightningModule):
     """An mmdet detector (e.g. XCiT Mask R-CNN + FPN) whose backbone attention comes from the registry."""
 
+    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
+    monitor, mode = "val/bbox_mAP", "max"
+
     def __init__(
         self,
         detector: dict[str, Any] | Path_fr,

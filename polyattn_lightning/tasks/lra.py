@@ -42,6 +42,9 @@ DATA_ARGS = ("vocab_size", "num_classes", "max_length", "two_tower")
 class LRAModule(pl.LightningModule):
     """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation."""
 
+    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
+    monitor, mode = "val/top1", "max"
+
     def __init__(
         self,
         attention: ActivationSpec = "softmax",
