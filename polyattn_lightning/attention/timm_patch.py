@@ -59,6 +59,7 @@ nothing of its own:
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -243,7 +244,13 @@ def set_attention(model: nn.Module, activation: ActivationSpec) -> int:
 
     Raises ValueError, changing nothing, if the model has no supported attention
     or has an attention module it cannot switch (see the module docstring).
+    A Hugging Face ``transformers`` model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
     """
+    hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
+    if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
+        from .hf import set_attention as set_hf_attention
+
+        return set_hf_attention(model, activation)
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)  # the caller's dict may change later
