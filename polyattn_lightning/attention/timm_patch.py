@@ -70,6 +70,7 @@ from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from .functional import attention
 from .masks import keys_per_row, normalize_masks
 from .registry import Activation, ActivationSpec, describe, get_activation
@@ -264,11 +265,11 @@ def set_attention(model: nn.Module, activation: ActivationSpec) -> int:
     model_name = type(model).__name__
     supported = f"supported timm classes: {', '.join(sorted(c.__name__ for c in _ADAPTERS))}"
     if unsupported:
-        raise ValueError(
+        raise ConfigError(
             f"{model_name} has attention modules set_attention cannot switch: {', '.join(unsupported)}; {supported}"
         )
     if not found:
-        raise ValueError(f"{model_name} has no attention module set_attention can switch; {supported}")
+        raise ConfigError(f"{model_name} has no attention module set_attention can switch; {supported}")
     for module, adapter in found:
         if type(module) is not adapter:
             module.__class__ = adapter
