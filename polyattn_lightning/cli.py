@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -22,17 +23,22 @@ import torch
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
 from .attention import get_activation
+from .callbacks.progress import StepsRichProgressBar
 from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, drop_restated, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
 from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, UserInputError, reported
 from .tasks.models import check_model_name, resolve_pretrained_file
 from .distributed import distributed_teardown
 
+#: Whether ``rich`` is installed: Lightning's default progress bar is then its RichProgressBar.
+RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 #: TensorBoardLogger's default run name, which the CLI replaces with the config file's name.
 DEFAULT_RUN_NAME = "lightning_logs"
 #: Where runs are logged by default: ``runs/<task family>/<config name>/version_N``.
@@ -133,6 +139,19 @@ def resolve_task_defaults(config) -> None:
     checkpoint.monitor, checkpoint.mode = settings["monitor"], settings["mode"]
 
 
+#: Where ``--data.root`` meets a data set that reads no folder (the quickstart's bundled digits): the README's line.
+OWN_IMAGES_HINT = ("this data set reads no folder (the quickstart's are bundled digits); to train on your own "
+                   "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
+                   "(README, 'Your own images')")
+
+
+class KeepLinesHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with the description and epilog (the list of verbs) kept line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 class ShortErrorParser(LightningArgumentParser):
     """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
     config (``--print_config``) shows the best checkpoint's monitor as the task gives it."""
@@ -147,7 +166,8 @@ class ShortErrorParser(LightningArgumentParser):
         if not self.exit_on_error or os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {short_parse_message(message)}\n"
+        hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
+        sys.stderr.write(f"error: {short_parse_message(message)}{hint}\n"
                          f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
                          "e.g. ClassificationModule)\n")
         raise SystemExit(EXIT_USER_ERROR)
@@ -310,7 +330,13 @@ class PolyattnCLI(LightningCLI):
         off = self.standard_off(config)
         callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys
                      if key not in off]
-        return self._instantiate_trainer({**self._get(self.config_init, "trainer", default={}), **kwargs}, callbacks)
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        listed = trainer_config.get("callbacks")
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        if (trainer_config.get("enable_progress_bar") is not False and RICH_AVAILABLE
+                and not any(isinstance(callback, ProgressBar) for callback in listed)):
+            callbacks.append(StepsRichProgressBar())  # Lightning's default bar, without "Epoch 6/-2"
+        return self._instantiate_trainer(trainer_config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
         self.given_args = [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
@@ -429,14 +455,22 @@ def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[Po
         auto_configure_optimizers=False,  # the tasks build their own optimizer from their recipe
         save_config_callback=KeepingSaveConfigCallback,
         parser_class=ShortErrorParser,
+        parser_kwargs={"epilog": "other verbs (`polyattn VERB --help`):\n" + "\n".join(
+            f"  {verb:<11} {what}" for verb, what in COMMANDS.items()),
+            "formatter_class": KeepLinesHelpFormatter},
         args=args,
         run=run,
     )
 
 
 #: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep|check-data ...``, one module
-#: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``.
-COMMANDS = ("maps", "norms", "sweep", "check-data")
+#: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``; listed by ``polyattn --help``.
+COMMANDS = {
+    "maps": "phi(S) heat maps and where a checkpoint's model looks, over image files",
+    "norms": "draw the attention norms that runs logged against the training step",
+    "sweep": "validation accuracy against the activation's scale, per sequence length (short fits)",
+    "check-data": "decode every image file of a config's data set once and list every bad file",
+}
 
 
 @reported  # a user-input error prints as one short `error: ...` line (POLYATTN_DEBUG=1: the traceback)
