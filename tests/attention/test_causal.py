@@ -245,3 +245,16 @@ def test_linear_causal_poly1_allocates_no_n_by_n_tensor(associative_path):
     expected = attention(*(x.detach()[:, :, :256] for x in (q, k, v)), "poly1", is_causal=True,
                          key_padding_mask=padding[:, :256], kernel="materialized")
     torch.testing.assert_close(out[:, :, :256].detach(), expected)  # a causal prefix is its own problem
+
+
+def test_norm_diagnostics_see_the_causal_scores():
+    from polyattn_lightning.attention.diagnostics import attention_norms
+
+    q, k, _ = (x.detach() for x in make_qkv(B=2, H=3, Nq=6, Nk=10, d=4, dv=4))
+    mask = bottom_right(6, 10)
+    s = q @ k.transpose(-2, -1) / 2.0
+    n = mask.sum(-1, keepdim=True).double()
+    phi, grad = (s**3 / n.sqrt()) * mask, (3 * s**2 / n.sqrt()) * mask
+    norms = attention_norms(q, k, "poly3", is_causal=True)
+    torch.testing.assert_close(norms.phi, phi.square().sum((-2, -1)).sqrt().mean(0).float())
+    torch.testing.assert_close(norms.jacobian, grad.square().sum((-2, -1)).sqrt().mean(0).float())
