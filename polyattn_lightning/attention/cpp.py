@@ -118,11 +118,12 @@ def _register_fakes() -> None:
     def associative_forward(q, k, v, keep, s):
         return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], q.shape[2], v.shape[2])
 
-    def associative_backward(q, k, v, kv, dout, keep, s):
+    def associative_backward(q, k, v, *args):  # also the causal one's: (dq, dk, dv)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     for name, fake in [("forward", forward), ("backward", backward), ("associative_forward", associative_forward),
-                       ("associative_backward", associative_backward)]:
+                       ("associative_backward", associative_backward), ("associative_causal_forward", forward),
+                       ("associative_causal_backward", associative_backward)]:
         torch.library.register_fake(f"polyattn_cpu::{name}", fake)
 
 

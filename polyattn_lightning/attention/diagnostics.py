@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .functional import attention, resolve_scores
-from .masks import keys_per_row
+from .masks import keys_per_row, with_causal
 from .registry import ActivationSpec
 from ..errors import ConfigError
 
@@ -57,11 +57,14 @@ def attention_norms(
     key_padding_mask: Tensor | None = None,
     attn_mask: Tensor | None = None,
     attn_bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> NormValues:
     """``||phi(S)||_F`` and ``||d phi(S)/dS||_F`` per head, for the scores ``attention()`` would use."""
-    act, t, masks = resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias)
-    allowed = masks.allowed
-    n = keys_per_row(allowed, k.shape[-2], q.device)
+    act, t, masks = resolve_scores(
+        q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, is_causal=is_causal
+    )
+    n = keys_per_row(masks.allowed, k.shape[-2], q.device, masks.causal)
+    allowed = with_causal(masks.allowed, masks.causal, q.shape[-2], k.shape[-2], q.device)
     B, H, nq, _ = q.shape
     rows = max(1, BLOCK_ELEMENTS // (B * H * k.shape[-2]))
     phi_sq = torch.zeros(B, H, dtype=torch.float64, device=q.device)

@@ -1,12 +1,16 @@
 """Attention benchmark: every activation and kernel against SDPA softmax, same shapes, same run.
 
 ``python -m polyattn_lightning.bench attention [--shapes vit-s,lra,4k,16k] [--repeats 5]
-[--device cpu|cuda] [--dtype float32|bfloat16|float16] [--key-padding 0-0.5] [--dropout 0.1] [--json out.json]``
+[--device cpu|cuda] [--dtype float32|bfloat16|float16] [--key-padding 0-0.5] [--dropout 0.1] [--causal]
+[--json out.json]``
 
 ``--key-padding LO-HI`` pads the last LO..HI of each sequence's keys (spread
 evenly over the batch) and passes that ``key_padding_mask`` to every case, as
 LRA batches are padded; ``--dropout P`` adds a twin of each case that supports
-attention dropout, with ``dropout_p=P`` (softmax: SDPA's own dropout).
+attention dropout, with ``dropout_p=P`` (softmax: SDPA's own dropout);
+``--causal`` adds an ``is_causal=True`` twin of each kernel case (softmax: SDPA's
+own ``is_causal``), checked against the non-causal case and causal SDPA of the
+same run, and causal poly1 (linear time) against causal poly3.
 
 Time: after one warm-up call per case, the cases run round-robin ``repeats``
 times (an untimed forward+backward, a timed forward, a timed forward+backward)
@@ -39,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ..attention import attention, cpp
+from ..attention.functional import KERNELS
 from .timing import machine, step_peak_bytes
 
 #: Named shapes (B, H, N, d).
@@ -68,9 +73,10 @@ class Case:
     masks: bool = True  # fn takes a key_padding_mask (else the case is left out of padded runs)
 
 
-def _kernel(activation: str, kernel: str, device: str | None = None, dropout_p: float = 0.0) -> Case:
-    label = f"{activation}/{kernel}" + (f"+dropout{dropout_p:g}" if dropout_p else "")
-    fn = partial(attention, activation=activation, kernel=kernel, dropout_p=dropout_p)
+def _kernel(activation: str, kernel: str, device: str | None = None, dropout_p: float = 0.0,
+            causal: bool = False) -> Case:
+    label = f"{activation}/{kernel}" + (f"+dropout{dropout_p:g}" if dropout_p else "") + ("+causal" if causal else "")
+    fn = partial(attention, activation=activation, kernel=kernel, dropout_p=dropout_p, is_causal=causal)
     return Case(label, fn, device=device)
 
 
@@ -101,6 +107,16 @@ def dropout_twins(cases: list[Case], dropout_p: float) -> list[Case]:
         activation, _, kernel = case.label.partition("/")
         if kernel in DROPOUT_KERNELS:
             twins.append(_kernel(activation, kernel, case.device, dropout_p))
+    return twins
+
+
+def causal_twins(cases: list[Case]) -> list[Case]:
+    """Each ``activation/kernel`` case again with ``is_causal=True`` (every kernel has it; the naive one not)."""
+    twins = []
+    for case in cases:
+        activation, _, kernel = case.label.partition("/")
+        if kernel in KERNELS:
+            twins.append(_kernel(activation, kernel, case.device, causal=True))
     return twins
 
 
@@ -210,11 +226,54 @@ def check_targets(results: dict[str, dict]) -> list[dict]:
         if n == 4096 and "key_lengths" in result and "poly1/associative" in cases:  # LRA: against softmax itself
             speedup = cases[BASELINE]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
             checks.append(_check(f"poly1/associative speed-up over {BASELINE} (fwd+bwd) at {name}", speedup, 5, at_most=False))
+        checks += _causal_checks(name, result)
         for softmax in (label for label in cases if label.startswith(BASELINE + "+")):
             twin = _first_present(cases, "poly3", softmax[len(BASELINE):])
             if twin:
                 ratio = cases[twin]["fwd_bwd_s"] / cases[softmax]["fwd_bwd_s"]
                 checks.append(_check(f"{twin} fwd+bwd time / {softmax} at {name}", ratio, 1.0))
+    return checks + linear_memory_check(results)
+
+
+#: The linear-time case whose peak memory must grow as O(N).
+LINEAR_CAUSAL = "poly1/associative+causal"
+
+
+def linear_memory_check(results: dict[str, dict]) -> list[dict]:
+    """Peak bytes of causal poly1 per query row (``B*H*N``) at the longest shape / at the shortest: ~1 if O(N)."""
+    rows = {}
+    for name, result in results.items():
+        entry, shape = result["cases"].get(LINEAR_CAUSAL, {}), result["shape"]
+        if "peak_bytes" in entry:
+            rows[name] = (shape["N"], entry["peak_bytes"] / (shape["B"] * shape["H"] * shape["N"]))
+    if len(rows) < 2:
+        return []
+    short = min(rows, key=lambda name: rows[name][0])
+    long = max(rows, key=lambda name: rows[name][0])
+    (n0, per_row0), (n1, per_row1) = rows[short], rows[long]
+    if n1 == n0:
+        return []
+    return [_check(f"{LINEAR_CAUSAL} peak bytes per query row, {long} / {short} (O(N): ~1; O(N^2): {n1 / n0:g})",
+                   per_row1 / per_row0, 1.25)]
+
+
+def _causal_checks(name: str, result: dict) -> list[dict]:
+    """Causal poly3 against non-causal poly3 (<= 0.6) and causal poly1 against causal poly3 (>= 10x), at N >= 4096.
+
+    (Causal poly3 against causal SDPA, <= 1.0, is the twin check in ``check_targets``.)
+    """
+    cases, n = result["cases"], result["shape"]["N"]
+    poly3 = _first_present(cases, "poly3", "+causal")
+    if n < 4096 or not poly3:
+        return []
+    checks = []
+    dense = poly3[: -len("+causal")]
+    if dense in cases:
+        ratio = cases[poly3]["fwd_bwd_s"] / cases[dense]["fwd_bwd_s"]
+        checks.append(_check(f"{poly3} fwd+bwd time / {dense} at {name}", ratio, 0.6))
+    if LINEAR_CAUSAL in cases:
+        speedup = cases[poly3]["fwd_bwd_s"] / cases[LINEAR_CAUSAL]["fwd_bwd_s"]
+        checks.append(_check(f"{LINEAR_CAUSAL} speed-up over {poly3} (fwd+bwd) at {name}", speedup, 10, at_most=False))
     return checks
 
 
@@ -285,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         help="pad the last LO..HI fraction of each sequence's keys (spread over the batch), e.g. 0-0.5",
     )
     parser.add_argument("--dropout", type=float, default=0.0, help="also run each case that has dropout with this dropout_p")
+    parser.add_argument("--causal", action="store_true", help="also run each kernel case with is_causal=True")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -294,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.dropout < 1.0:
         parser.error(f"--dropout {args.dropout}: expected 0 <= p < 1")
     all_cases = CASES + (dropout_twins(CASES, args.dropout) if args.dropout else [])
+    all_cases += causal_twins(CASES) if args.causal else []
     cases = [c for c in all_cases if c.device in (None, args.device)]
     if args.device == "cpu" and not cpp.load():
         print("the C++ kernels are unavailable (see the warning); the fused_cpu cases are left out", file=sys.stderr)

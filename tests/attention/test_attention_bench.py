@@ -71,3 +71,14 @@ def test_lra_targets_compare_with_softmax_and_its_dropout_twin():
     assert checks["poly3/fused_cpu+dropout0.1 fwd+bwd time / softmax/sdpa+dropout0.1 at lra-4k <= 1.0"] == (1.25, False)
     assert checks["poly1/associative speed-up over softmax/sdpa (fwd+bwd) at lra-4k >= 5"] == (4.0, False)
     assert checks["poly3/fused_cpu fwd+bwd time / SDPA at lra-4k <= 1.0"] == (0.8, True)
+
+
+def test_causal_twins_run_and_check_linear_memory(tmp_path):
+    out = tmp_path / "causal.json"
+    wanted = "poly3/fused_cpu,poly3/fused_cpu+causal,softmax/sdpa+causal,poly1/associative+causal"
+    assert main(["attention", "--shapes", "1x2x64x8,1x2x256x8", "--repeats", "1", "--causal", "--cases", wanted,
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["results"]["1x2x64x8"]["cases"]) == set(wanted.split(",")) | {bench.BASELINE}
+    memory = [c for c in report["targets"] if "peak bytes per query row" in c["target"]]
+    assert len(memory) == 1 and memory[0]["met"]  # causal poly1's memory grows linearly, not 4x per row

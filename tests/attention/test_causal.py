@@ -245,3 +245,48 @@ def test_linear_causal_poly1_allocates_no_n_by_n_tensor(associative_path):
     expected = attention(*(x.detach()[:, :, :256] for x in (q, k, v)), "poly1", is_causal=True,
                          key_padding_mask=padding[:, :256], kernel="materialized")
     torch.testing.assert_close(out[:, :, :256].detach(), expected)  # a causal prefix is its own problem
+
+
+def test_norm_diagnostics_see_the_causal_scores():
+    from polyattn_lightning.attention.diagnostics import attention_norms
+
+    q, k, _ = (x.detach() for x in make_qkv(B=2, H=3, Nq=6, Nk=10, d=4, dv=4))
+    mask = bottom_right(6, 10)
+    s = q @ k.transpose(-2, -1) / 2.0
+    n = mask.sum(-1, keepdim=True).double()
+    phi, grad = (s**3 / n.sqrt()) * mask, (3 * s**2 / n.sqrt()) * mask
+    norms = attention_norms(q, k, "poly3", is_causal=True)
+    torch.testing.assert_close(norms.phi, phi.square().sum((-2, -1)).sqrt().mean(0).float())
+    torch.testing.assert_close(norms.jacobian, grad.square().sum((-2, -1)).sqrt().mean(0).float())
+
+
+@pytest.mark.parametrize("kernel", ["blocked", "fused_cpu"])
+def test_gradcheck_causal_with_dropout_and_bias(kernel, small_tiles):
+    """The backward replays the forward's dropout draws over the same causal tiles (re-seeded per call)."""
+    q, k, v = make_qkv(B=1, H=2, Nq=7, Nk=10, d=3, dv=2)
+    bias = (0.1 * torch.randn(1, 2, 7, 10, dtype=torch.float64)).requires_grad_()
+
+    def fn(q, k, v, bias):
+        torch.manual_seed(0)
+        return attention(q, k, v, "poly3", is_causal=True, attn_bias=bias, dropout_p=0.3, kernel=kernel)
+
+    undropped = attention(q, k, v, "poly3", is_causal=True, attn_bias=bias, kernel=kernel)
+    assert not torch.allclose(fn(q, k, v, bias), undropped)  # dropout is on
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+@pytest.mark.parametrize("activation, shape", [("poly3", (12, 12)), ("poly1", (5, 12)), ("softmax", (5, 12))])
+def test_causal_call_compiles_in_one_graph(activation, shape):
+    """torch.compile traces a causal call with key padding without a graph break (fullgraph raises on one)."""
+    nq, nk = shape
+    q, k, v = make_qkv(B=2, H=2, Nq=nq, Nk=nk, d=8, dv=8, dtype=torch.float32)
+    padding = torch.zeros(2, nk, dtype=torch.bool)
+    padding[1, 9:] = True
+
+    def call(q, k, v):
+        return attention(q, k, v, activation, is_causal=True, key_padding_mask=padding)
+
+    eager = call(q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(q, k, v)
+    assert_close_with_grads(compiled, eager, (q, k, v))
