@@ -293,9 +293,19 @@ def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], l
     model_name = type(model).__name__
     undo = [_switch(module, adapter) for module, adapter in found]
     try:
-        run = None if probe is False else image_probe(model) if probe is None or probe is True else probe
+        derived = probe is None or probe is True
+        run = None if probe is False else image_probe(model) if derived else probe
         if run is not None:
-            for call in _probe(model, run):
+            try:
+                calls = _probe(model, run)
+            except Exception as err:  # noqa: BLE001 - a guessed input size may not fit the model
+                if not derived:
+                    raise
+                log.warning("%s: the probe forward at the model's stated input size failed (%s: %s); only the "
+                            "class tables were checked: pass probe= to set_attention", model_name,
+                            type(err).__name__, str(err).split("\n")[0][:200])
+                calls = []
+            for call in calls:
                 verdict = _probe_verdict(call)
                 unswitched.setdefault(verdict.path, verdict)
         refused = [u for u in unswitched.values() if not u.by_decision]
@@ -347,14 +357,19 @@ def _switch(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[],
 
 
 def _probe(model: nn.Module, run: Probe) -> list[SoftmaxCall]:
-    """The softmax calls of one eval-mode forward (training flags restored after)."""
+    """The softmax calls of one eval-mode forward, ``capture`` hooks off (training flags and hooks restored)."""
     modes = [(m, m.training) for m in model.modules()]
+    hooks = [(m, m.capture) for m in model.modules() if isinstance(m, SwitchedAttention)]
     try:
         model.eval()
+        for m, _ in hooks:
+            m.capture = None
         return softmax_calls(model, run)
     finally:
         for m, training in modes:
             m.training = training
+        for m, capture in hooks:
+            m.capture = capture
 
 
 def _listed(unswitched) -> str:
