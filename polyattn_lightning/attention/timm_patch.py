@@ -74,6 +74,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -272,8 +273,14 @@ def set_attention(
             forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
             where the model states none (a bare block: then only the class tables count); False skips it.
 
-    See the module docstring for what switches and how to add a family.
+    See the module docstring for what switches and how to add a family. A Hugging Face ``transformers``
+    model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
     """
+    hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
+    if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
+        from .hf import set_attention as set_hf_attention
+
+        return set_hf_attention(model, activation)
     return len(_set_attention(model, activation, strict, probe)[0])
 
 
