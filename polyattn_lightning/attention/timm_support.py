@@ -31,14 +31,21 @@ VARIANTS: tuple[tuple[str, str, dict], ...] = (
     ("vision_transformer", "vit_base_patch16_siglip_224", {}),  # global_pool='map': AttentionPoolLatent head
     ("vision_transformer", "vit_tiny_patch16_224", {"attn_layer": "diff"}),
     ("vision_transformer", "vit_small_patch16_18x2_224", {}),  # parallel blocks
-    ("mobilevit", "mobilevitv2_050", {}),
+    ("mobilevit", "mobilevitv2_050", {}),  # linear attention
     ("naflexvit", "naflexvit_base_patch16_par_gap", {}),
+    ("fastvit", "fastvit_sa12", {}),  # the first models have no attention stage
+    ("mobilenetv3", "mobilenetv4_hybrid_medium", {}),  # MobileNetV4 hybrids: multi-query attention
 )
 
-#: Smaller builds of models whose smallest registered size is slow on CPU: (name, kwargs).
+#: Smaller builds of models whose smallest registered size is slow on CPU (depth only: same classes).
 SMALLER = {
-    "samvit_base_patch16": {"img_size": 256},
+    "beit_base_patch16_224": {"depth": 2},
+    "deepseek_vit_412m": {"depth": 2},
+    "gemma4_vit_167m": {"depth": 2},
+    "qwen3_vit_88m": {"depth": 2},
+    "samvit_base_patch16": {"depth": 2, "img_size": 256},
     "vit_base_patch16_siglip_224": {"depth": 2},
+    "naflexvit_base_patch16_gap": {"depth": 2},
     "naflexvit_base_patch16_par_gap": {"depth": 2},
 }
 
@@ -75,7 +82,7 @@ def smallest(names: list[str]) -> str:
 def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
     """Build ``name`` (with ``kwargs``), switch it to poly3 non-strictly and say what happened."""
     kwargs = {**SMALLER.get(name, {}), **(kwargs or {})}
-    label = name + "".join(f", {k}={v!r}" for k, v in kwargs.items() if k not in SMALLER.get(name, {}))
+    label = name + "".join(f", {k}={v!r}" for k, v in kwargs.items())
     torch.manual_seed(0)
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)

@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
 from ..attention.timm_patch import set_attention
+from ..attention.timm_probe import image_probe
 from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError
 from .models import create_timm_model
@@ -66,6 +67,7 @@ class ClassificationModule(pl.LightningModule):
         model_kwargs: dict[str, Any] | None = None,
         pretrained: str | None = None,
         recipe: Recipe = Recipe(),
+        attention_strict: bool = True,
     ):
         """
         Args:
@@ -78,6 +80,8 @@ class ClassificationModule(pl.LightningModule):
             pretrained: weights to start from, never downloaded: a local weight file, a Hugging Face cache
                 directory, or the ``.ckpt`` of another run of this module (e.g. softmax, to fine-tune into poly3).
             recipe: optimizer, schedule, Mixup/CutMix, label smoothing and drop path.
+            attention_strict: refuse a model in which some attention would keep softmax (the default); false
+                switches what can be switched and logs one line naming what stays softmax (README, support table).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -86,7 +90,8 @@ class ClassificationModule(pl.LightningModule):
         self.model = create_timm_model(
             model_name, num_classes, img_size, recipe.drop_path_rate, pretrained, **(model_kwargs or {})
         )
-        set_attention(self.model, attention)  # softmax too, so every model takes the registry path
+        # softmax too, so every model takes the registry path; the probe forward runs at the configured size
+        set_attention(self.model, attention, strict=attention_strict, probe=image_probe(self.model, img_size))
 
         mix = recipe.mixup
         self.mixup = Mixup(**asdict(mix), num_classes=num_classes) if mix.enabled else None
