@@ -6,8 +6,8 @@ class (rather than wrapping the module) keeps every parameter where it was, so t
 are timm's and a timm checkpoint loads before or after the switch. Calling it again re-switches
 (``softmax`` runs on SDPA, so switching back to softmax gives timm's outputs).
 
-Three kinds of switch (``polyattn_lightning/attention/timm_support.md``, made by ``timm_support``,
-lists per timm model module what switches):
+Three kinds of switch (the README's support table, measured by ``timm_support``, lists per timm model
+module what switches):
 
 * the generic one (:mod:`~polyattn_lightning.attention.timm_sdpa`): classes that run on SDPA, on a
   reviewed list (class, timm versions, mask kinds); timm's forward runs with SDPA rebound in its
@@ -38,7 +38,7 @@ To add a family:
 2. timm computes softmax by hand: write the smallest subclass of the timm class with
    :class:`SwitchedAttention` whose ``forward`` keeps timm's steps and calls ``self._attend`` where
    the softmax was, decorate it with ``@_adapts(TimmClass)`` and put it in ``timm_adapters/<family>.py``.
-3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write``.
+3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write README.md``.
 
 Diagnostics: each switched module has ``activation`` (the resolved
 :class:`~polyattn_lightning.attention.Activation`; the module stores the spec
