@@ -273,8 +273,13 @@ def set_attention(
             forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
             where the model states none (a bare block: then only the class tables count); False skips it.
 
-    See the module docstring for what switches and how to add a family. A Hugging Face ``transformers``
-    model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
+    To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
+    ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
+    ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
+    ``timm_adapters/<family>.py``; add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
+    README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
+    docstring has the details. A Hugging Face ``transformers`` model goes to
+    :func:`polyattn_lightning.attention.hf.set_attention`.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
     if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
