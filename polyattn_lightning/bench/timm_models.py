@@ -77,19 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = os.getloadavg()
     poly3 = yaml.safe_load(args.poly3)
-    results = [bench_model(m, args.img_size, args.batch, args.repeats, poly3) for m in args.models]
-    report = {"command": "timm", "results": results, "machine": machine(load)}
-    for r in results:
+    report = {"command": "timm", "results": [], "machine": machine(load)}
+    for name in args.models:  # each model's line (and the JSON so far) as soon as it is measured
+        r = bench_model(name, args.img_size, args.batch, args.repeats, poly3)
+        report["results"].append(r)
+        report["machine"] = machine(load)
         med, spread = r["median_s"], r["spread_s"]
         print(f"{r['model']} {r['img_size']}px batch {r['batch']}: timm {med['timm']:.3f} s (spread {spread['timm']:.3f}), "
               f"switched softmax {med['softmax']:.3f} s ({spread['softmax']:.3f}), poly3 {med['poly3']:.3f} s "
               f"({spread['poly3']:.3f}); softmax/timm {r['switched_softmax_over_timm']:.3f}x, "
-              f"poly3/softmax {r['poly3_over_switched_softmax']:.3f}x")
+              f"poly3/softmax {r['poly3_over_switched_softmax']:.3f}x; load average now {os.getloadavg()}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
     print(f"load average before {load}, after {report['machine']['load_average_after']}")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
