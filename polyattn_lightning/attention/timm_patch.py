@@ -106,7 +106,6 @@ import timm.models.swin_transformer_v2 as swin_transformer_v2
 import timm.models.swin_transformer_v2_cr as swin_transformer_v2_cr
 import timm.models.tnt as tnt
 import timm.models.volo as volo
-import torch
 from timm.layers import Attention
 from timm.models.cait import ClassAttn
 from timm.models.csatv2 import SpatialTransformerBlock as CsatSpatialBlock  # timm.models.csatv2 is also a model function

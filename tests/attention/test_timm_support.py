@@ -1,7 +1,6 @@
 """The README's timm support table is what the code measures (a few cheap modules here; all of them, slow)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
