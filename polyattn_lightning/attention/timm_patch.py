@@ -6,8 +6,8 @@ class (rather than wrapping the module) keeps every parameter where it was, so t
 are timm's and a timm checkpoint loads before or after the switch. Calling it again re-switches
 (``softmax`` runs on SDPA, so switching back to softmax gives timm's outputs).
 
-Three kinds of switch (``polyattn_lightning/attention/timm_support.md``, made by ``timm_support``,
-lists per timm model module what switches):
+Three kinds of switch (the README's support table, measured by ``timm_support``, lists per timm model
+module what switches):
 
 * the generic one (:mod:`~polyattn_lightning.attention.timm_sdpa`): classes that run on SDPA, on a
   reviewed list (class, timm versions, mask kinds); timm's forward runs with SDPA rebound in its
@@ -38,7 +38,7 @@ To add a family:
 2. timm computes softmax by hand: write the smallest subclass of the timm class with
    :class:`SwitchedAttention` whose ``forward`` keeps timm's steps and calls ``self._attend`` where
    the softmax was, decorate it with ``@_adapts(TimmClass)`` and put it in ``timm_adapters/<family>.py``.
-3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write``.
+3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write README.md``.
 
 Diagnostics: each switched module has ``activation`` (the resolved
 :class:`~polyattn_lightning.attention.Activation`; the module stores the spec
@@ -106,7 +106,6 @@ import timm.models.swin_transformer_v2 as swin_transformer_v2
 import timm.models.swin_transformer_v2_cr as swin_transformer_v2_cr
 import timm.models.tnt as tnt
 import timm.models.volo as volo
-import torch
 from timm.layers import Attention
 from timm.models.cait import ClassAttn
 from timm.models.csatv2 import SpatialTransformerBlock as CsatSpatialBlock  # timm.models.csatv2 is also a model function
@@ -273,8 +272,13 @@ def set_attention(
             forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
             where the model states none (a bare block: then only the class tables count); False skips it.
 
-    See the module docstring for what switches and how to add a family. A Hugging Face ``transformers``
-    model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
+    To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
+    ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
+    ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
+    ``timm_adapters/<family>.py``; add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
+    README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
+    docstring has the details. A Hugging Face ``transformers`` model goes to
+    :func:`polyattn_lightning.attention.hf.set_attention`.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
     if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
@@ -300,9 +304,19 @@ def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], l
     model_name = type(model).__name__
     undo = [_switch(module, adapter) for module, adapter in found]
     try:
-        run = None if probe is False else image_probe(model) if probe is None or probe is True else probe
+        derived = probe is None or probe is True
+        run = None if probe is False else image_probe(model) if derived else probe
         if run is not None:
-            for call in _probe(model, run):
+            try:
+                calls = _probe(model, run)
+            except Exception as err:  # noqa: BLE001 - a guessed input size may not fit the model
+                if not derived:
+                    raise
+                log.warning("%s: the probe forward at the model's stated input size failed (%s: %s); only the "
+                            "class tables were checked: pass probe= to set_attention", model_name,
+                            type(err).__name__, str(err).split("\n")[0][:200])
+                calls = []
+            for call in calls:
                 verdict = _probe_verdict(call)
                 unswitched.setdefault(verdict.path, verdict)
         refused = [u for u in unswitched.values() if not u.by_decision]
@@ -354,14 +368,19 @@ def _switch(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[],
 
 
 def _probe(model: nn.Module, run: Probe) -> list[SoftmaxCall]:
-    """The softmax calls of one eval-mode forward (training flags restored after)."""
+    """The softmax calls of one eval-mode forward, ``capture`` hooks off (training flags and hooks restored)."""
     modes = [(m, m.training) for m in model.modules()]
+    hooks = [(m, m.capture) for m in model.modules() if isinstance(m, SwitchedAttention)]
     try:
         model.eval()
+        for m, _ in hooks:
+            m.capture = None
         return softmax_calls(model, run)
     finally:
         for m, training in modes:
             m.training = training
+        for m, capture in hooks:
+            m.capture = capture
 
 
 def _listed(unswitched) -> str:

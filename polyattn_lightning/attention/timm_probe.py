@@ -67,19 +67,20 @@ def softmax_calls(model: nn.Module, run: Callable[[], object]) -> list[SoftmaxCa
     return recorder.calls
 
 
-def image_probe(model: nn.Module) -> Callable[[], object] | None:
-    """A no-grad forward of one random image at the model's own input size, or None when it states none.
+def image_probe(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Callable[[], object] | None:
+    """A no-grad forward of one random image at ``img_size`` or the model's own input size, or None when it
+    states none.
 
-    The size is the patch embedding's ``img_size`` (what a ViT-like model was built for), else the
-    model's ``img_size``, else timm's ``pretrained_cfg['input_size']``; the image comes from a private
-    generator, so the global RNG is untouched.
+    The size is ``img_size``, else the patch embedding's ``img_size`` (what a ViT-like model was built
+    for), else the model's ``img_size``, else timm's ``pretrained_cfg['input_size']``; the image comes
+    from a private generator, so the global RNG is untouched.
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
     channels, *size = cfg.get("input_size", (3, None, None))
-    for owner in (getattr(model, "patch_embed", None), model):
-        img_size = getattr(owner, "img_size", None)
-        if img_size is not None:
-            size = [img_size, img_size] if isinstance(img_size, int) else list(img_size)
+    for owner in (None, getattr(model, "patch_embed", None), model):
+        given = img_size if owner is None else getattr(owner, "img_size", None)
+        if given is not None:
+            size = [given, given] if isinstance(given, int) else list(given)
             break
     if None in size or not size:
         return None

@@ -5,7 +5,8 @@ name by :data:`SIZE_ORDER`, ``pretrained=False``, on the meta-free CPU), plus th
 whose attention differs within a module, and switches each to ``poly3`` with ``strict=False``: the
 probe forward says what switched and what stays softmax, and why. ``python -m
 polyattn_lightning.attention.timm_support --write README.md`` rewrites the table between its markers;
-``--check`` fails when the README's table differs from the measurement.
+``--check README.md`` fails when the README's table differs from the measurement. A module whose
+first model has no attention but a variant has (fastvit, mobilenetv3) shows the variant's row only.
 """
 from __future__ import annotations
 
@@ -31,15 +32,20 @@ VARIANTS: tuple[tuple[str, str, dict], ...] = (
     ("vision_transformer", "vit_base_patch16_siglip_224", {}),  # global_pool='map': AttentionPoolLatent head
     ("vision_transformer", "vit_tiny_patch16_224", {"attn_layer": "diff"}),
     ("vision_transformer", "vit_small_patch16_18x2_224", {}),  # parallel blocks
-    ("mobilevit", "mobilevitv2_050", {}),
-    ("naflexvit", "naflexvit_base_patch16_par_gap", {}),
+    ("mobilevit", "mobilevitv2_050", {}),  # linear attention
+    ("fastvit", "fastvit_sa12", {}),  # the first models have no attention stage
+    ("mobilenetv3", "mobilenetv4_hybrid_medium", {}),  # MobileNetV4 hybrids: multi-query attention
 )
 
-#: Smaller builds of models whose smallest registered size is slow on CPU: (name, kwargs).
+#: Smaller builds of models whose smallest registered size is slow on CPU (depth only: same classes).
 SMALLER = {
-    "samvit_base_patch16": {"img_size": 256},
+    "beit_base_patch16_224": {"depth": 2},
+    "deepseek_vit_412m": {"depth": 2},
+    "gemma4_vit_167m": {"depth": 2},
+    "qwen3_vit_88m": {"depth": 2},
+    "samvit_base_patch16": {"depth": 2, "img_size": 256},
     "vit_base_patch16_siglip_224": {"depth": 2},
-    "naflexvit_base_patch16_par_gap": {"depth": 2},
+    "naflexvit_base_patch16_gap": {"depth": 2},
 }
 
 BEGIN = "<!-- timm-support: begin (python -m polyattn_lightning.attention.timm_support --write README.md) -->"
@@ -75,7 +81,7 @@ def smallest(names: list[str]) -> str:
 def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
     """Build ``name`` (with ``kwargs``), switch it to poly3 non-strictly and say what happened."""
     kwargs = {**SMALLER.get(name, {}), **(kwargs or {})}
-    label = name + "".join(f", {k}={v!r}" for k, v in kwargs.items() if k not in SMALLER.get(name, {}))
+    label = name + "".join(f", {k}={v!r}" for k, v in kwargs.items())
     torch.manual_seed(0)
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
@@ -121,7 +127,8 @@ def support_rows(families: list[str] | None = None) -> list[SupportRow]:
 
 def table(rows: list[SupportRow]) -> str:
     attention = [r for r in rows if r.verdict != "no attention"]
-    none = sorted({r.family for r in rows if r.verdict == "no attention"})
+    with_attention = {r.family for r in attention}
+    none = sorted({r.family for r in rows} - with_attention)
     lines = [
         "| timm module | model measured | verdict | switched | stays softmax |",
         "| --- | --- | --- | --- | --- |",

@@ -95,7 +95,8 @@ class TaskModule(pl.LightningModule):
         self.build()
         target = self.attention_target()
         if target is not None:
-            set_attention(target, self.attention_spec())  # softmax too, so every model takes the registry path
+            # softmax too, so every model takes the registry path
+            set_attention(target, self.attention_spec(), **self.attention_options())
         self.built = True
 
     def build(self) -> None:
@@ -109,6 +110,10 @@ class TaskModule(pl.LightningModule):
     def attention_spec(self) -> ActivationSpec:
         """The activation :meth:`attention_target` is switched to."""
         return self.hparams.attention
+
+    def attention_options(self) -> dict[str, Any]:
+        """Further ``set_attention`` arguments (``strict``, ``probe``); the default is none: strict, a derived probe."""
+        return {}
 
     def optimized_module(self) -> nn.Module:
         """The module whose parameters are trained; timm models give their no-weight-decay and layer lists."""

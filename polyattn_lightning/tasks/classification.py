@@ -13,6 +13,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
+from ..attention.timm_probe import image_probe
 from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError, UserInputError
 from .base import TaskModule, as_dataclass, logits_evaluation
@@ -93,6 +94,7 @@ class ClassificationModule(TaskModule):
         drop_path_rate: float = 0.0,
         test_after_fit: bool = False,
         recipe: Recipe | None = None,
+        attention_strict: bool = True,
     ):
         """
         Args:
@@ -110,6 +112,8 @@ class ClassificationModule(TaskModule):
             drop_path_rate: stochastic depth.
             test_after_fit: at the end of ``fit``, test with the best checkpoint.
             recipe: deprecated, the block that held ``optim``, ``mixup`` and ``drop_path_rate`` before (old runs).
+            attention_strict: refuse a model in which some attention would keep softmax (the default); false
+                switches what can be switched and logs one line naming what stays softmax (README, support table).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -143,6 +147,10 @@ class ClassificationModule(TaskModule):
             "top1": MulticlassAccuracy(hp.num_classes, top_k=1, average="micro"),
             "top5": MulticlassAccuracy(hp.num_classes, top_k=min(5, hp.num_classes), average="micro"),
         }))
+
+    def attention_options(self) -> dict[str, Any]:
+        # the probe forward runs at the configured image size
+        return {"strict": self.hparams.get("attention_strict", True), "probe": image_probe(self.model, self.hparams.img_size)}
 
     @property
     def num_classes(self) -> int | None:

@@ -13,6 +13,7 @@ import torch._dynamo
 
 from polyattn_lightning.attention import attention
 from polyattn_lightning.attention.timm_patch import set_attention
+from timm_families import make
 
 MODELS = {
     "vit": (lambda: timm.create_model("vit_tiny_patch16_224", depth=2, img_size=32, patch_size=8, num_classes=5), 32),
@@ -20,6 +21,11 @@ MODELS = {
     "swin": (lambda: timm.create_model("swin_tiny_patch4_window7_224", depths=(2, 2), embed_dim=16,
                                        num_heads=(1, 2), window_size=2, img_size=32, num_classes=5,
                                        drop_path_rate=0.0), 32),  # no stochastic depth: eager == compiled
+    # the generic switch: RoPE (EVA02), a relative-position bias as SDPA's float mask (BEiT), SDPA called
+    # through torch.nn.functional with window and grid partitions (MaxViT)
+    "eva02": (lambda: make("eva02"), 28),
+    "beit": (lambda: make("beit"), 32),
+    "maxvit": (lambda: make("maxvit"), 64),
 }
 
 
@@ -27,9 +33,10 @@ def _model(name: str, activation: str | None):
     build, size = MODELS[name]
     torch.manual_seed(0)
     model = build()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     if activation is not None:
-        set_attention(model, activation)
-    return model, torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+        set_attention(model, activation, probe=lambda: model(x))
+    return model, x
 
 
 def _graph_breaks(model, x) -> tuple[int, list[str]]:
@@ -49,6 +56,7 @@ def test_switching_adds_no_graph_break(name):
 @pytest.mark.parametrize("name, activation", [
     ("vit", "poly3"),
     ("swin", "poly3"),
+    ("eva02", "poly3"),
     pytest.param("xcit", "relu", marks=pytest.mark.slow),
     pytest.param("swin", "softmax", marks=pytest.mark.slow),
 ])

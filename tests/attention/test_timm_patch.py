@@ -7,13 +7,20 @@ import pytest
 import timm
 import torch
 from timm.layers import Attention, AttentionRope
-from timm.models.cait import ClassAttn, TalkingHeadAttn
+from timm.models.cait import ClassAttn
 from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import nn
 
 from polyattn_lightning.attention import attention
-from polyattn_lightning.attention.timm_patch import attention_map, attention_modules, set_attention
+from polyattn_lightning.attention.timm_patch import (
+    ClassAttention,
+    SwinWindowAttention,
+    XCiTAttention,
+    attention_map,
+    attention_modules,
+    set_attention,
+)
 
 TIMM_ATTENTION = (Attention, WindowAttention, XCA, ClassAttn)
 
@@ -147,10 +154,19 @@ def test_models_without_supported_attention_are_refused():
     with pytest.raises(ValueError, match="Sequential has no attention"):
         set_attention(nn.Sequential(nn.Linear(4, 4)), "poly3")
     # A half-switched model would silently keep softmax somewhere: refused, and nothing is changed.
-    mixed = nn.Sequential(Attention(16, num_heads=2), AttentionRope(16, num_heads=2), TalkingHeadAttn(16, num_heads=2))
-    with pytest.raises(ValueError, match=r"1 \(AttentionRope\), 2 \(TalkingHeadAttn\)"):
+    mixed = nn.Sequential(Attention(16, num_heads=2), AttentionRope(16, num_heads=2), Unreviewed())
+    with pytest.raises(ValueError, match=r"2 \(test_timm_patch.Unreviewed\): runs softmax attention \(timm's fused_attn"):
         set_attention(mixed, "poly3")
-    assert type(mixed[0]) is Attention
+    assert type(mixed[0]) is Attention and type(mixed[1]) is AttentionRope
+
+
+class Unreviewed(nn.Module):
+    """An attention with timm's ``fused_attn`` flag that no switch covers."""
+
+    fused_attn = True
+
+    def forward(self, x):
+        return nn.functional.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -159,7 +175,7 @@ def test_capture_hook_sees_what_is_attended(family):
     set_attention(model, "poly3")
     captured = []
     for _, module in attention_modules(model):
-        module.capture = lambda module, inputs: captured.append((type(module).__name__, inputs))
+        module.capture = lambda module, inputs: captured.append((type(module), inputs))
     with torch.no_grad():
         model(x)
         set_attention(model, "softmax")  # re-switching keeps the hooks
@@ -169,15 +185,15 @@ def test_capture_hook_sees_what_is_attended(family):
     for kind, inputs in captured[: len(captured) // 2]:
         q, k, v = inputs.q, inputs.k, inputs.v
         assert q.shape[:2] == k.shape[:2] == v.shape[:2] and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
-        if kind == "SwinWindowAttention":  # a batch of windows; the bias is per head, the mask per window
+        if kind is SwinWindowAttention:  # a batch of windows; the bias is per head, the mask per window
             B_, heads, N, _ = q.shape
             assert B_ % len(x) == 0 and inputs.attn_bias.shape == (1, heads, N, N)
             assert inputs.attn_mask is None or inputs.attn_mask.shape == (B_, 1, N, N)
         else:
             assert q.shape[0] == len(x)
-        if kind == "XCiTAttention":  # the d x d channel map: one "token" per channel of a head
+        if kind is XCiTAttention:  # the d x d channel map: one "token" per channel of a head
             assert q.shape[1] * q.shape[2] == model.embed_dim and inputs.temperature == 1.0
-        if kind == "ClassAttention":
+        if kind is ClassAttention:
             assert q.shape[2] == 1
         weights = attention_map(inputs, "poly3")
         assert weights.shape[-2:] == (q.shape[-2], k.shape[-2])
