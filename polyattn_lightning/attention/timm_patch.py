@@ -276,3 +276,5 @@ def attention_modules(model: nn.Module) -> list[tuple[str, SwitchedAttention]]:
 
 
 __all__ = ["AttentionInputs", "SwitchedAttention", "attention_map", "attention_modules", "set_attention"]
+
+from . import timm_adapters  # noqa: E402,F401  registers the explicit adapters of the hand-computed families
