@@ -14,12 +14,17 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from timm.layers.bottleneck_attn import BottleneckAttn
+from timm.layers.halo_attn import HaloAttn
 from timm.models import convit, davit, gcvit, mvitv2, swin_transformer_v2, volo
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from polyattn_lightning.attention import attention, attention_norms
+from polyattn_lightning.attention.timm_adapters import CHANNEL_ATTENTION
 from polyattn_lightning.attention.timm_patch import _ADAPTERS, SwitchedAttention, attention_map, set_attention
+from polyattn_lightning.callbacks import AttentionNorms
+from polyattn_lightning.callbacks.attention_maps import collect_maps
 
 from attention_reference import FORMULAS
 
@@ -49,6 +54,14 @@ def _davit_channels():
     return nn.Sequential(davit.ChannelAttention(16, num_heads=2), davit.ChannelAttentionV2(16, num_heads=2))
 
 
+def _byoanet_layers():
+    """BoTNet's and HaloNet's attention layers (``timm.layers``), the second with ``scale_pos_embed``."""
+    return nn.Sequential(
+        BottleneckAttn(8, 16, feat_size=(4, 4), num_heads=2),
+        HaloAttn(16, 16, num_heads=2, block_size=2, halo_size=1, scale_pos_embed=True),
+    )
+
+
 def _timm(name, **kwargs):
     return lambda: timm.create_model(name, num_classes=NUM_CLASSES, **kwargs)
 
@@ -70,6 +83,7 @@ FAMILIES = {
     "gcvit": (_gcvit, (2, 3, 64, 64)),
     "tnt": (_timm("tnt_s_patch16_224", img_size=32, patch_size=8, embed_dim=32, inner_dim=8, depth=2, num_heads_outer=2, num_heads_inner=2), (2, 3, 32, 32)),
     "volo": (_volo_class_attention, (2, 10, 16)),
+    "byoanet": (_byoanet_layers, (2, 8, 4, 4)),
     "davit_channels": (_davit_channels, (2, 10, 16)),
     "edgenext": (_timm("edgenext_xx_small", depths=(1, 1, 1, 1), dims=(8, 16, 24, 32), heads=(2, 2, 2, 2)), (2, 3, 64, 64)),
     "shvit": (_timm("shvit_s1", embed_dim=(16, 24, 32), depth=(1, 1, 1), partial_dim=(8, 8, 8)), (2, 3, 64, 64)),
@@ -236,6 +250,22 @@ def test_capture_gives_what_the_diagnostics_need(family):
         torch.testing.assert_close(weights @ v.float(), expected, atol=1e-4, rtol=1e-4)
         norms = attention_norms(q, k, "poly3", temperature=got.temperature, attn_mask=got.attn_mask, attn_bias=got.attn_bias)
         assert norms.phi.shape == (q.shape[1],) and torch.isfinite(norms.phi).all() and (norms.phi > 0).all()
+
+
+@pytest.mark.parametrize("family", ["swin_v2", "swin_v2_cr", "mvitv2", "edgenext", "cait"])
+def test_norm_and_map_callbacks_read_the_new_layouts(family):
+    """Windows are stitched back onto the feature map, channel maps get no token map, pooled keys a map."""
+    model, x = make(family), inputs(family)
+    set_attention(model, "relu")
+    layers = len([m for m in model.modules() if isinstance(m, SwitchedAttention)])
+    metrics = AttentionNorms().measure(model, x)
+    assert metrics and all(math.isfinite(v) for v in metrics.values())
+    maps = collect_maps(model, x)
+    assert len(maps) == layers and all(torch.isfinite(m.heat).all() for m in maps)
+    if family.startswith("swin"):  # 8 x 8 then 4 x 4 tokens, in 4 x 4 windows
+        assert [tuple(m.tokens.shape) for m in maps] == [(2, 8, 8)] * 2 + [(2, 4, 4)] * 2
+    if family == "edgenext":
+        assert all(m.channels and m.tokens is None for m in maps if isinstance(m.layer.module, CHANNEL_ATTENTION))
 
 
 # --------------------------------------------------------------------------- written references
