@@ -37,8 +37,13 @@ from torch import Tensor, nn
 
 from ..attention import describe
 from ..attention.diagnostics import Layer, LayerRef, probe_attention, select_layers
-from ..attention.timm_adapters import CHANNEL_ATTENTION, SHIFTED_WINDOW_ATTENTION
-from ..attention.timm_patch import attention_map
+from ..attention.timm_adapters.channel_attention import (
+    DaViTChannelAttention,
+    DaViTChannelAttentionV2,
+    EdgeNeXtChannelAttention,
+)
+from ..attention.timm_adapters.swin_v2 import SwinV2CrWindowAttention, SwinV2WindowAttention
+from ..attention.timm_patch import SwinWindowAttention, XCiTAttention, attention_map
 from .attention_norms import probe_batch, probing, run_probe
 from ..errors import ConfigError
 
@@ -46,6 +51,10 @@ from ..errors import ConfigError
 MAX_PREFIX_TOKENS = 8
 #: Most entries of one block of phi(S) maps made at once.
 MAP_ELEMENTS = 1 << 24
+#: Switched classes whose map is over channels (``d x d`` per head): no token map.
+CHANNEL_ATTENTION = (XCiTAttention, DaViTChannelAttention, DaViTChannelAttentionV2, EdgeNeXtChannelAttention)
+#: Swin-style shifted-window attention: rows are ``B * windows``; the block knows the shift and the grid.
+SHIFTED_WINDOW_ATTENTION = (SwinWindowAttention, SwinV2WindowAttention, SwinV2CrWindowAttention)
 
 
 @dataclass

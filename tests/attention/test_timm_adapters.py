@@ -21,14 +21,20 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from polyattn_lightning.attention import attention, attention_norms
-from polyattn_lightning.attention.timm_adapters import CHANNEL_ATTENTION
-from polyattn_lightning.attention.timm_patch import _ADAPTERS, SwitchedAttention, attention_map, set_attention
+from polyattn_lightning.attention.timm_patch import (
+    _ADAPTERS,
+    SwitchedAttention,
+    _load_adapters,
+    attention_map,
+    set_attention,
+)
 from polyattn_lightning.callbacks import AttentionNorms
-from polyattn_lightning.callbacks.attention_maps import collect_maps
+from polyattn_lightning.callbacks.attention_maps import CHANNEL_ATTENTION, collect_maps
 
 from attention_reference import FORMULAS
 
 NUM_CLASSES = 5
+_load_adapters()  # set_attention registers them on its first call; ``adapted`` needs them before
 
 
 def _mvit():
@@ -109,6 +115,17 @@ def inputs(family: str) -> torch.Tensor:
     return torch.randn(FAMILIES[family][1], generator=torch.Generator().manual_seed(1))
 
 
+def switch(model: nn.Module, activation: str, x: torch.Tensor) -> int:
+    """set_attention with a probe forward on ``x`` (the probe's default, timm's pretrained input size, is not
+    the tiny test models' size)."""
+
+    def probe():
+        with torch.no_grad():
+            model(x)
+
+    return set_attention(model, activation, probe=probe)
+
+
 def output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     out = model(x)
     return out[0] if isinstance(out, tuple) else out  # VOLO / LeViT training heads
@@ -173,10 +190,10 @@ def test_softmax_matches_timm_after_switching_back_and_forth(family):
     assert adapted(model), f"{family}: no adapted class in the test model"
     with torch.no_grad():
         reference = output(model, x)
-        switched = set_attention(model, "relu")  # bounded: poly3 overflows LeViT at O(1) weights (no norm)
+        switched = switch(model, "relu", x)  # bounded: poly3 overflows LeViT at O(1) weights (no norm)
         assert switched == len([m for m in model.modules() if isinstance(m, SwitchedAttention)])
         assert (output(model, x) - reference).abs().max() > 1e-3
-        assert set_attention(model, "softmax") == switched  # switching again re-switches
+        assert switch(model, "softmax", x) == switched  # switching again re-switches
         assert (output(model, x) - reference).abs().max() <= 1e-5
 
 
@@ -209,7 +226,7 @@ def test_no_softmax_left_weights_kept_and_one_training_step(family):
     with torch.no_grad(), SoftmaxAs() as before:
         model(x)
     original = {k: v.clone() for k, v in model.state_dict().items()}
-    set_attention(model, "poly3")
+    switch(model, "poly3", x)
     state = model.state_dict()
     assert list(state) == list(original) and all(torch.equal(state[k], original[k]) for k in original)
     with torch.no_grad(), SoftmaxAs() as after:
@@ -234,7 +251,7 @@ def test_no_softmax_left_weights_kept_and_one_training_step(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_capture_gives_what_the_diagnostics_need(family):
     model, x = make(family), inputs(family)
-    set_attention(model, "poly3")
+    switch(model, "poly3", x)
     captured = []
     for module in adapted(model):
         module.capture = lambda module, got: captured.append((module, got))
@@ -256,7 +273,7 @@ def test_capture_gives_what_the_diagnostics_need(family):
 def test_norm_and_map_callbacks_read_the_new_layouts(family):
     """Windows are stitched back onto the feature map, channel maps get no token map, pooled keys a map."""
     model, x = make(family), inputs(family)
-    set_attention(model, "relu")
+    switch(model, "relu", x)
     layers = len([m for m in model.modules() if isinstance(m, SwitchedAttention)])
     metrics = AttentionNorms().measure(model, x)
     assert metrics and all(math.isfinite(v) for v in metrics.values())
@@ -344,10 +361,17 @@ def test_efficientformer_v2_downsampling_attends_more_keys_than_queries():
     model = make("efficientformer_v2")
     module = next(m for m in model.modules() if type(m).__name__ == "Attention2dDownsample")
     assert module.N2 < module.N
-    set_attention(model, "poly3")
+    switch(model, "poly3", inputs("efficientformer_v2"))
     captured = []
     module.capture = lambda m, got: captured.append(got)
     with torch.no_grad():
         model(inputs("efficientformer_v2"))
     got = captured[0]
     assert got.q.shape[-2] == module.N2 and got.k.shape[-2] == module.N and got.attn_bias.shape[-2:] == (module.N2, module.N)
+
+
+def test_convit_positional_softmax_is_named_not_refused(caplog):
+    model, x = make("convit"), inputs("convit")
+    with caplog.at_level("INFO", logger="polyattn_lightning.attention.timm_patch"):
+        assert switch(model, "poly3", x) == 3
+    assert "blocks.0.attn" in caplog.text and "positional map stays softmax by decision" in caplog.text

@@ -6,8 +6,9 @@ import pickle
 import pytest
 import timm
 import torch
-from timm.layers import Attention, AttentionRope
-from timm.models.cait import ClassAttn, TalkingHeadAttn
+from timm.layers import Attention
+from timm.models.cait import ClassAttn
+from timm.models.mvitv2 import MultiScaleAttentionPoolFirst
 from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import nn
@@ -147,9 +148,10 @@ def test_models_without_supported_attention_are_refused():
     with pytest.raises(ValueError, match="Sequential has no attention"):
         set_attention(nn.Sequential(nn.Linear(4, 4)), "poly3")
     # A half-switched model would silently keep softmax somewhere: refused, and nothing is changed.
-    mixed = nn.Sequential(Attention(16, num_heads=2), AttentionRope(16, num_heads=2), TalkingHeadAttn(16, num_heads=2))
-    with pytest.raises(ValueError, match=r"1 \(AttentionRope\);"):  # TalkingHeadAttn: timm_adapters.cait
-        set_attention(mixed, "poly3")
+    # (MultiScaleAttentionPoolFirst computes softmax by hand and has no adapter: no registered model builds it.)
+    mixed = nn.Sequential(Attention(16, num_heads=2), MultiScaleAttentionPoolFirst(16, 16, feat_size=(4, 4), num_heads=2))
+    with pytest.raises(ValueError, match=r"1 \(timm\.models\.mvitv2\.MultiScaleAttentionPoolFirst\): computes softmax by hand"):
+        set_attention(mixed, "poly3", probe=False)
     assert type(mixed[0]) is Attention
 
 

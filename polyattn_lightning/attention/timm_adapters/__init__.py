@@ -1,7 +1,7 @@
 """Explicit switches for timm attention classes that compute softmax by hand (one module per timm family).
 
-``set_attention`` imports this package so that every module in it registers its
-adapters with ``@_adapts`` (see ``polyattn_lightning.attention.timm_patch``). Each
+``set_attention`` imports every module of this package (``timm_patch._load_adapters``) so
+that it registers its adapters with ``@_adapts`` (see ``polyattn_lightning.attention.switched``). Each
 adapter is the smallest subclass of timm's class: projections, norms, pooling and
 position terms are timm's (its helpers where it has them); only ``softmax(S) @ v``
 goes through ``attention()`` (``SwitchedAttention._attend``), so the fused kernels,
@@ -54,32 +54,3 @@ Hand-computed softmax in timm 1.0.31 that is not adapted, and why:
 The classes with an SDPA path (``fused_attn``: BEiT, EVA, MaxViT, PVT v2, Twins, DaViT's windows,
 VOLO's self-attention...), pooling heads and ``DiffAttention`` are the generic switch's, in ``timm_patch``.
 """
-from ..timm_patch import SwinWindowAttention, XCiTAttention
-from . import (  # noqa: F401
-    byoanet,
-    cait,
-    channel_attention,
-    convit,
-    crossvit,
-    csatv2,
-    efficientformer,
-    efficientformer_v2,
-    efficientvit_msra,
-    gcvit,
-    levit,
-    mvitv2,
-    shvit,
-    swin_v2,
-    tnt,
-    volo,
-)
-
-#: Switched classes whose map is over channels (``d x d`` per head): no token map.
-CHANNEL_ATTENTION = (
-    XCiTAttention,
-    channel_attention.DaViTChannelAttention,
-    channel_attention.DaViTChannelAttentionV2,
-    channel_attention.EdgeNeXtChannelAttention,
-)
-#: Switched Swin-style window attention: rows are ``B * windows``, the block knows the shift and the grid.
-SHIFTED_WINDOW_ATTENTION = (SwinWindowAttention, swin_v2.SwinV2WindowAttention, swin_v2.SwinV2CrWindowAttention)

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from ..masks import keys_per_row
 from ..registry import compute_dtype
-from ..timm_patch import AttentionInputs, SwitchedAttention
+from ..switched import AttentionInputs, SwitchedAttention
 
 
 def window_mask(mask: Tensor | None, rows: int) -> Tensor | None:

@@ -17,7 +17,7 @@ from timm.layers.halo_attn import HaloAttn
 from timm.layers.trace_utils import _assert
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from timm.models.cait import TalkingHeadAttn
 from torch import Tensor, nn
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import talking_heads
 
 

@@ -13,7 +13,7 @@ from timm.models.davit import ChannelAttention, ChannelAttentionV2
 from timm.models.edgenext import CrossCovarianceAttn
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

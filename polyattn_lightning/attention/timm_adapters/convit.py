@@ -8,7 +8,7 @@ dropped. Why: ``P`` holds no query or key (it is a learned locality prior, ``-|d
 ``x^3`` or ReLU would wipe out the locality), and dividing by the row sum of a non-softmax map would
 bring back the normalisation being replaced (and divide by ~0). With softmax the renormalisation is the
 identity, so a switched ``softmax`` gives timm's outputs. So a poly3 GPSA still calls softmax once, on
-``P``; ``capture`` sees the content map, and ``attention_map(...) @ v`` is the content term before the
+``P`` (``keeps_softmax`` tells ``set_attention``'s probe so: it is named in the log line); ``capture`` sees the content map, and ``attention_map(...) @ v`` is the content term before the
 gate.
 """
 from __future__ import annotations
@@ -17,12 +17,15 @@ import torch
 from timm.models.convit import GPSA, MHSA
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 
 
 @_adapts(GPSA)
 class ConViTGatedAttention(SwitchedAttention, GPSA):
     """``timm.models.convit.GPSA``: ``(1 - g) * phi(q k^T * scale) @ v + g * softmax(P) @ v``."""
+
+    #: Read by set_attention's probe: this softmax is kept by decision (named in its log line, not refused).
+    keeps_softmax = "GPSA's positional map stays softmax by decision (no q k^T in it); its content map is switched"
 
     def forward(self, x: Tensor) -> Tensor:
         B, N, C = x.shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 from timm.models.crossvit import CrossAttention
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 
 
 @_adapts(CrossAttention)

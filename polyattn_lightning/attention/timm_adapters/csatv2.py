@@ -12,7 +12,7 @@ from __future__ import annotations
 from timm.models.csatv2 import SpatialTransformerBlock
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

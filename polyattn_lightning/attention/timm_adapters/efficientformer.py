@@ -4,7 +4,7 @@ from __future__ import annotations
 from timm.models.efficientformer import Attention
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from timm.models.efficientformer_v2 import Attention2d, Attention2dDownsample
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout, talking_heads
 
 

@@ -11,7 +11,7 @@ import torch
 from timm.models.efficientvit_msra import CascadedGroupAttention
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

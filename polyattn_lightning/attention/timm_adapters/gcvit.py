@@ -4,7 +4,7 @@ from __future__ import annotations
 from timm.models.gcvit import WindowAttentionGlobal
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 
 
 @_adapts(WindowAttentionGlobal)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from timm.models.levit import Attention, AttentionDownsample
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from timm.models.mvitv2 import MultiScaleAttention, cal_rel_pos_type, reshape_post_pool, reshape_pre_pool
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

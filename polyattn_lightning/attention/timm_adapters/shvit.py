@@ -5,7 +5,7 @@ import torch
 from timm.models.shvit import SHSA
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import NoAttentionDropout
 
 

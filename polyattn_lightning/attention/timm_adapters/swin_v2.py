@@ -16,7 +16,7 @@ from timm.models.swin_transformer_v2 import WindowAttention as V2WindowAttention
 from timm.models.swin_transformer_v2_cr import WindowMultiHeadAttention
 from torch import Tensor
 
-from ..timm_patch import SwitchedAttention, _adapts
+from ..switched import SwitchedAttention, _adapts
 from ._common import window_mask
 
 #: timm's clamp of the log logit scale (a temperature of at most 100).
