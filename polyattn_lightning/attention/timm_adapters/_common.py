@@ -23,10 +23,10 @@ def window_mask(mask: Tensor | None, rows: int) -> Tensor | None:
     return mask.repeat(rows // mask.shape[0], 1, 1).unsqueeze(1)
 
 
-class NoAttentionDropout:
-    """For timm classes without ``attn_drop``: ``SwitchedAttention._attend`` reads ``attn_drop.p``.
+class SwitchedWithoutDropout(SwitchedAttention):
+    """``SwitchedAttention`` for timm classes without ``attn_drop`` (``_attend`` reads ``attn_drop.p``).
 
-    A class attribute, so it is no submodule: the state_dict and ``named_modules`` stay timm's.
+    The dropout is a class attribute, so it is no submodule: the state_dict and ``named_modules`` stay timm's.
     """
 
     attn_drop = nn.Dropout(0.0)
@@ -78,4 +78,4 @@ def _mixed_inputs(q, k, v, temperature, mix_weight, mix_before, attn_bias) -> At
     return AttentionInputs(mixed_q, keys, v, 1.0, attn_bias=mix_before(bias))
 
 
-__all__ = ["NoAttentionDropout", "talking_heads", "window_mask"]
+__all__ = ["SwitchedWithoutDropout", "talking_heads", "window_mask"]

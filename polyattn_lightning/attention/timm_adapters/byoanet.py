@@ -17,8 +17,8 @@ from timm.layers.halo_attn import HaloAttn
 from timm.layers.trace_utils import _assert
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 def _position_bias(module: BottleneckAttn | HaloAttn, q: Tensor) -> Tensor:
@@ -28,7 +28,7 @@ def _position_bias(module: BottleneckAttn | HaloAttn, q: Tensor) -> Tensor:
 
 
 @_adapts(BottleneckAttn)
-class BottleneckAttention(NoAttentionDropout, SwitchedAttention, BottleneckAttn):
+class BottleneckAttention(SwitchedWithoutDropout, BottleneckAttn):
     """``timm.layers.BottleneckAttn`` (BoTNet)."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -44,7 +44,7 @@ class BottleneckAttention(NoAttentionDropout, SwitchedAttention, BottleneckAttn)
 
 
 @_adapts(HaloAttn)
-class HaloAttention(NoAttentionDropout, SwitchedAttention, HaloAttn):
+class HaloAttention(SwitchedWithoutDropout, HaloAttn):
     """``timm.layers.HaloAttn`` (HaloNet)."""
 
     def forward(self, x: Tensor) -> Tensor:

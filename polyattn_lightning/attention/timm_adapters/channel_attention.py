@@ -14,7 +14,7 @@ from timm.models.edgenext import CrossCovarianceAttn
 from torch import Tensor
 
 from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ._common import SwitchedWithoutDropout
 
 
 def _per_head_channels(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -24,7 +24,7 @@ def _per_head_channels(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]
 
 
 @_adapts(ChannelAttention)
-class DaViTChannelAttention(NoAttentionDropout, SwitchedAttention, ChannelAttention):
+class DaViTChannelAttention(SwitchedWithoutDropout, ChannelAttention):
     """``timm.models.davit.ChannelAttention``."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -35,7 +35,7 @@ class DaViTChannelAttention(NoAttentionDropout, SwitchedAttention, ChannelAttent
 
 
 @_adapts(ChannelAttentionV2)
-class DaViTChannelAttentionV2(NoAttentionDropout, SwitchedAttention, ChannelAttentionV2):
+class DaViTChannelAttentionV2(SwitchedWithoutDropout, ChannelAttentionV2):
     """``timm.models.davit.ChannelAttentionV2``."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from timm.models.csatv2 import SpatialTransformerBlock
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(SpatialTransformerBlock)
-class CSATv2SpatialAttention(NoAttentionDropout, SwitchedAttention, SpatialTransformerBlock):
+class CSATv2SpatialAttention(SwitchedWithoutDropout, SpatialTransformerBlock):
     """``timm.models.csatv2.SpatialTransformerBlock``; timm computes the attention and the MLP in this one
     ``forward``, so both are here, only the attention product changed."""
 

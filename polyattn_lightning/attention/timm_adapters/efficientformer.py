@@ -4,12 +4,12 @@ from __future__ import annotations
 from timm.models.efficientformer import Attention
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(Attention)
-class EfficientFormerAttention(NoAttentionDropout, SwitchedAttention, Attention):
+class EfficientFormerAttention(SwitchedWithoutDropout, Attention):
     """``timm.models.efficientformer.Attention``: ``attention_biases[:, idxs]`` as ``attn_bias``, N = the tokens."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from timm.models.efficientformer_v2 import Attention2d, Attention2dDownsample
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout, talking_heads
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout, talking_heads
 
 
 def _heads(x: Tensor, heads: int, tokens: int) -> Tensor:
@@ -19,7 +19,7 @@ def _heads(x: Tensor, heads: int, tokens: int) -> Tensor:
 
 
 @_adapts(Attention2d)
-class EfficientFormerV2Attention(NoAttentionDropout, SwitchedAttention, Attention2d):
+class EfficientFormerV2Attention(SwitchedWithoutDropout, Attention2d):
     """``timm.models.efficientformer_v2.Attention2d``."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -41,7 +41,7 @@ class EfficientFormerV2Attention(NoAttentionDropout, SwitchedAttention, Attentio
 
 
 @_adapts(Attention2dDownsample)
-class EfficientFormerV2DownsampleAttention(NoAttentionDropout, SwitchedAttention, Attention2dDownsample):
+class EfficientFormerV2DownsampleAttention(SwitchedWithoutDropout, Attention2dDownsample):
     """``timm.models.efficientformer_v2.Attention2dDownsample``: Nq = the half-resolution grid, Nk = the input's."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -11,12 +11,12 @@ import torch
 from timm.models.efficientvit_msra import CascadedGroupAttention
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(CascadedGroupAttention)
-class EfficientViTMSRAAttention(NoAttentionDropout, SwitchedAttention, CascadedGroupAttention):
+class EfficientViTMSRAAttention(SwitchedWithoutDropout, CascadedGroupAttention):
     """``timm.models.efficientvit_msra.CascadedGroupAttention``."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from timm.models.levit import Attention, AttentionDownsample
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(Attention)
-class LeViTAttention(NoAttentionDropout, SwitchedAttention, Attention):
+class LeViTAttention(SwitchedWithoutDropout, Attention):
     """``timm.models.levit.Attention``."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -32,7 +32,7 @@ class LeViTAttention(NoAttentionDropout, SwitchedAttention, Attention):
 
 
 @_adapts(AttentionDownsample)
-class LeViTDownsampleAttention(NoAttentionDropout, SwitchedAttention, AttentionDownsample):
+class LeViTDownsampleAttention(SwitchedWithoutDropout, AttentionDownsample):
     """``timm.models.levit.AttentionDownsample``: Nq = the subsampled grid, Nk = the input grid."""
 
     def forward(self, x: Tensor) -> Tensor:

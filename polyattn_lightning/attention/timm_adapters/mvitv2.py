@@ -12,12 +12,12 @@ from __future__ import annotations
 from timm.models.mvitv2 import MultiScaleAttention, cal_rel_pos_type, reshape_post_pool, reshape_pre_pool
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(MultiScaleAttention)
-class MViTv2Attention(NoAttentionDropout, SwitchedAttention, MultiScaleAttention):
+class MViTv2Attention(SwitchedWithoutDropout, MultiScaleAttention):
     """``timm.models.mvitv2.MultiScaleAttention``: q, k, v pooled as timm pools them, then attended."""
 
     def forward(self, x: Tensor, feat_size: list[int]) -> tuple[Tensor, list[int]]:

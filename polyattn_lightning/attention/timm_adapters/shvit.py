@@ -5,12 +5,12 @@ import torch
 from timm.models.shvit import SHSA
 from torch import Tensor
 
-from ..switched import SwitchedAttention, _adapts
-from ._common import NoAttentionDropout
+from ..switched import _adapts
+from ._common import SwitchedWithoutDropout
 
 
 @_adapts(SHSA)
-class SHViTAttention(NoAttentionDropout, SwitchedAttention, SHSA):
+class SHViTAttention(SwitchedWithoutDropout, SHSA):
     """``timm.models.shvit.SHSA``: one head over the ``H * W`` positions (N of them)."""
 
     def forward(self, x: Tensor) -> Tensor:
