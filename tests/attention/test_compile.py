@@ -20,6 +20,9 @@ MODELS = {
     "swin": (lambda: timm.create_model("swin_tiny_patch4_window7_224", depths=(2, 2), embed_dim=16,
                                        num_heads=(1, 2), window_size=2, img_size=32, num_classes=5,
                                        drop_path_rate=0.0), 32),  # no stochastic depth: eager == compiled
+    # cosine attention, continuous position bias and the shift mask (timm_adapters.swin_v2)
+    "swin_v2": (lambda: timm.create_model("swinv2_tiny_window8_256", depths=(2, 2), embed_dim=16, num_heads=(1, 2),
+                                          window_size=2, img_size=32, num_classes=5, drop_path_rate=0.0), 32),
 }
 
 
