@@ -356,14 +356,20 @@ def _switch(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[],
 
 
 def _probe(model: nn.Module, run: Probe) -> list[SoftmaxCall]:
-    """The softmax calls of one eval-mode forward (training flags restored after)."""
+    """The softmax calls of one eval-mode forward (training flags restored after), with the ``capture``
+    hooks silenced: a diagnostic set on the model must not see the probe's forward."""
     modes = [(m, m.training) for m in model.modules()]
+    hooks = [(m, m.capture) for m in model.modules() if isinstance(m, SwitchedAttention)]
     try:
         model.eval()
+        for m, _ in hooks:
+            m.capture = None
         return softmax_calls(model, run)
     finally:
         for m, training in modes:
             m.training = training
+        for m, capture in hooks:
+            m.capture = capture
 
 
 def _listed(unswitched) -> str:
