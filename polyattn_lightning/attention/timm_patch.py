@@ -227,6 +227,8 @@ def _probe_verdict(call: SoftmaxCall) -> Unswitched:
             return Unswitched(path, type(module), *verdict)
     path, module = call.stack[-1] if call.stack else ("", None)
     where = "calls SDPA" if call.function == "scaled_dot_product_attention" else f"calls {call.function}"
+    if isinstance(module, SwitchedAttention) and getattr(module, "keeps_softmax", None):
+        return Unswitched(path, type(module), module.keeps_softmax, by_decision=True)  # e.g. ConViT's GPSA
     if isinstance(module, SwitchedAttention):
         reason = f"is switched but still {where} in the probe forward (an adapter misses a step)"
     else:

@@ -5,12 +5,12 @@
 contract) and draws two matplotlib figures:
 
 * heat maps of ``phi(S)`` averaged over the probe batch (and Swin's windows), one
-  panel per chosen layer and head with its colour bar; for XCiT's cross-covariance
-  attention the ``d x d`` channel map;
+  panel per chosen layer and head with its colour bar; for channel attention (XCiT's cross-covariance
+  attention, DaViT's and EdgeNeXt's) the ``d x d`` channel map;
 * an overlay per layer and probe sample, the heads' average: the class token's
   attention row reshaped to the patch grid where the layer has a class token
   (ViT/DeiT, XCiT's class-attention layers), else the attention each token
-  receives averaged over queries (Swin: per window, the windows put back in
+  receives averaged over queries (Swin V1/V2/V2-CR: per window, the windows put back in
   place with timm's ``window_reverse`` and the cyclic shift undone; a detection
   backbone), drawn over the image; for token sequences (LRA) a per-token strip.
 
@@ -37,6 +37,12 @@ from torch import Tensor, nn
 
 from ..attention import describe
 from ..attention.diagnostics import Layer, LayerRef, probe_attention, select_layers
+from ..attention.timm_adapters.channel_attention import (
+    DaViTChannelAttention,
+    DaViTChannelAttentionV2,
+    EdgeNeXtChannelAttention,
+)
+from ..attention.timm_adapters.swin_v2 import SwinV2CrWindowAttention, SwinV2WindowAttention
 from ..attention.timm_patch import SwinWindowAttention, XCiTAttention, attention_map
 from .attention_norms import probe_batch, probing, run_probe
 from ..errors import ConfigError
@@ -45,6 +51,10 @@ from ..errors import ConfigError
 MAX_PREFIX_TOKENS = 8
 #: Most entries of one block of phi(S) maps made at once.
 MAP_ELEMENTS = 1 << 24
+#: Switched classes whose map is over channels (``d x d`` per head): no token map.
+CHANNEL_ATTENTION = (XCiTAttention, DaViTChannelAttention, DaViTChannelAttentionV2, EdgeNeXtChannelAttention)
+#: Swin-style shifted-window attention: rows are ``B * windows``; the block knows the shift and the grid.
+SHIFTED_WINDOW_ATTENTION = (SwinWindowAttention, SwinV2WindowAttention, SwinV2CrWindowAttention)
 
 
 @dataclass
@@ -56,7 +66,7 @@ class LayerMaps:
     heat: Tensor  # (H, Nq, Nk): phi(S) averaged over the probe batch (and windows)
     tokens: Tensor | None  # (B, h, w) on an image grid or (B, N) along a sequence; None: no token map
     what: str  # what ``tokens`` shows
-    channels: bool  # ``heat`` is XCiT's channel map
+    channels: bool  # ``heat`` is a channel map (XCiT, DaViT, EdgeNeXt)
 
 
 def _grid(n: int, height: int, width: int) -> tuple[int, int, int] | None:
@@ -82,7 +92,7 @@ def stitch_windows(values: Tensor, block: nn.Module) -> Tensor:
     feature map: timm's ``window_reverse``, the padding cut off, the cyclic shift undone (the inverse of
     the block's ``_attn``)."""
     wh, ww = block.window_size
-    rows, cols = block.input_resolution
+    rows, cols = block.input_resolution if hasattr(block, "input_resolution") else block.feat_size  # V2-CR
     hp, wp = math.ceil(rows / wh) * wh, math.ceil(cols / ww) * ww
     grid = window_reverse(values.reshape(-1, wh, ww, 1), (wh, ww), hp, wp)[:, :rows, :cols, 0]
     return torch.roll(grid, shifts=tuple(block.shift_size), dims=(1, 2))
@@ -94,14 +104,14 @@ def token_map(
     """A per-sample map on the input from the head-averaged attention of query 0 (``first_row``) and the
     attention each key receives averaged over queries (``received``), both ``(B_, Nk)``; see the module doc."""
     module = layer.module
-    if isinstance(module, XCiTAttention):
+    if isinstance(module, CHANNEL_ATTENTION):
         return None, "channel attention: no token map"
     if probe.dim() == 2:  # token ids (B, N): a strip along the sequence
         return received, "attention received per token (mean over queries)"
     if probe.dim() != 4:
         return None, f"input of shape {tuple(probe.shape)} is neither an image batch nor a token sequence"
     batch, (height, width) = probe.shape[0], probe.shape[-2:]
-    if isinstance(module, SwinWindowAttention):
+    if isinstance(module, SHIFTED_WINDOW_ATTENTION):
         return stitch_windows(received, _swin_block(model, module)), "received (query mean, windows stitched)"
     keys = received.shape[-1]
     layout = _grid(keys, height, width)
@@ -152,7 +162,7 @@ def collect_maps(
         tokens, what = token_map(pl_module, layer, torch.cat(first_rows), torch.cat(received), queries, first)
         result.append(
             LayerMaps(layer, describe(layer.module.activation), heat / count, tokens, what,
-                      isinstance(layer.module, XCiTAttention))
+                      isinstance(layer.module, CHANNEL_ATTENTION))
         )
     return result
 

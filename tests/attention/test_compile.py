@@ -26,6 +26,9 @@ MODELS = {
     "eva02": (lambda: make("eva02"), 28),
     "beit": (lambda: make("beit"), 32),
     "maxvit": (lambda: make("maxvit"), 64),
+    # cosine attention, continuous position bias and the shift mask (timm_adapters.swin_v2)
+    "swin_v2": (lambda: timm.create_model("swinv2_tiny_window8_256", depths=(2, 2), embed_dim=16, num_heads=(1, 2),
+                                          window_size=2, img_size=32, num_classes=5, drop_path_rate=0.0), 32),
 }
 
 
