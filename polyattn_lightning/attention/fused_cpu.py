@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from .blocked import as_4d, flatten_heads, grad_gain
 from .cpp import load
+from .masks import with_causal
 from .registry import Activation, compute_dtype
 
 #: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
@@ -142,8 +143,9 @@ class FusedCPUAttention(torch.autograd.Function):
         )
 
 
-def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
+def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:
     """``kernels.run`` signature."""
+    allowed = with_causal(allowed, causal, q.shape[-2], k.shape[-2], q.device)
     if act.fused_form is None:
         raise ValueError(f"the fused_cpu kernel does not know activation {act.name!r}; use kernel='blocked'")
     if q.device.type != "cpu":

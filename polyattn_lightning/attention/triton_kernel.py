@@ -438,7 +438,7 @@ def _compiles(device: str, dtype: torch.dtype, d: int, form: int, power: int, ha
     return _PROBED[key]
 
 
-def triton_compiles(q: Tensor, act, has_mask: bool, has_bias: bool, dropout: bool) -> bool:
+def triton_compiles(q: Tensor, act, has_mask: bool, has_bias: bool, dropout: bool, causal: bool = False) -> bool:
     """Whether the kernels compile and run for this configuration (dtype, head dim, form, mask, bias, dropout).
 
     Decided once per configuration and process, on tiny inputs (``v``'s head dim taken equal to ``q``'s);
@@ -476,8 +476,11 @@ def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
     return True
 
 
-def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
+def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:
     """``kernels.run`` signature."""
+    from .masks import with_causal
+
+    allowed = with_causal(allowed, causal, q.shape[-2], k.shape[-2], q.device)
     if triton is None:
         raise RuntimeError("the triton kernel needs the `triton` package")
     if not triton_supports(q, act):
