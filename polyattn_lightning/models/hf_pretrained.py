@@ -47,12 +47,16 @@ def model_folder(spec: str | Path, key: str = "model") -> Path:
     return folder
 
 
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(spec: str | Path, key: str = "tokenizer"):
     """The tokenizer saved in a folder (``AutoTokenizer``, offline)."""
     from transformers import AutoTokenizer
 
     folder = resolve_folder(spec, key)
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(folder):
         raise MissingPathError(f"{key}: {folder} holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}")
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
@@ -87,4 +91,4 @@ def check_tokenizer(tokenizer, config, tokenizer_key: str, model_name: str) -> N
         )
 
 
-__all__ = ["check_tokenizer", "config_from_dict", "load_tokenizer", "model_folder", "resolve_folder"]
+__all__ = ["check_tokenizer", "config_from_dict", "has_tokenizer", "load_tokenizer", "model_folder", "resolve_folder"]

@@ -33,7 +33,14 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
 from ..errors import ConfigError
-from ..models.hf_pretrained import check_tokenizer, config_from_dict, model_folder
+from ..models.hf_pretrained import (
+    check_tokenizer,
+    config_from_dict,
+    has_tokenizer,
+    load_tokenizer,
+    model_folder,
+    resolve_folder,
+)
 from .base import TaskModule, logits_evaluation
 from .optim import OptimRecipe
 
@@ -82,6 +89,11 @@ class HFTask(TaskModule):
         """The data's tokenizer and sequence length against the model just built."""
         name = type(self.model).__name__
         check_tokenizer(datamodule.tokenizer, self.model.config, "data.tokenizer", name)
+        if self.hparams.model is not None and has_tokenizer(resolve_folder(self.hparams.model)):
+            own = load_tokenizer(self.hparams.model, "model.init_args.model")
+            if own.get_vocab() != datamodule.tokenizer.get_vocab():
+                raise ConfigError(f"data.tokenizer {datamodule.tokenizer_path} is not the tokenizer of "
+                                  f"model.init_args.model {self.hparams.model}: their vocabularies differ")
         length = getattr(datamodule, "max_length", None) or getattr(datamodule, "block_size", None)
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         if length is not None and positions is not None and length > positions:
