@@ -75,7 +75,7 @@ def attention(
         # ``allowed`` is a key-padding mask only when no attn_mask was merged into it
         key_padding_only = key_padding_mask if attn_mask is None else None
         kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only, masks.causal)
-    from . import kernels  # late import: kernels import this module's helpers
+    from . import kernels  # late import: it loads the Triton and C++ kernel modules (triton takes seconds to import)
 
     return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p, causal=masks.causal)
 

@@ -1,6 +1,6 @@
 """DataModules (image classification, COCO detection, Long Range Arena, text for HF models); importing this package makes their short
 names usable in YAML. ``coco`` imports mmdet only when its data sets are built."""
-from .base import CorruptImageError, ImageDataModule, ImageList, read_rgb
+from .base import CorruptImageError, DataModule, ImageList, read_rgb
 from .coco import COCODataModule
 from .digits import DigitsDataModule
 from .generated_text import GeneratedStoriesData, NegatedSentimentData
@@ -18,8 +18,8 @@ __all__ = [
     "COCODataModule",
     "CorruptImageError",
     "DigitsDataModule",
+    "DataModule",
     "GeneratedStoriesData",
-    "ImageDataModule",
     "ImageFolderDataModule",
     "IMDbDataModule",
     "ImageList",

@@ -1,12 +1,14 @@
-"""The one place where this project's DataModules make their DataLoaders.
+"""The contract of this project's DataModules, and the one place where they make their DataLoaders.
 
-Every image DataModule subclasses :class:`ImageDataModule` and only says how to
-build its datasets; loader settings (workers, pinned memory, persistent
-workers, dropping the last ragged training batch for Mixup) live here, so a
-change to how loaders are made (samplers, resumable loaders) is made once.
+Every DataModule (images, COCO, Long Range Arena) subclasses :class:`DataModule` and only says how to build its
+datasets and what the data determines (``num_classes``, ``classes``; the LRA ones ``vocab_size``...): the tasks
+read those after ``setup()`` (``tasks/base.py``). Loader settings (workers, pinned memory, persistent workers,
+dropping the last ragged training batch for Mixup) live here, so a change to how loaders are made (samplers,
+resumable loaders) is made once.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,6 +54,13 @@ class ImageList(Dataset):
         return (self.transform(image) if self.transform else image), label
 
 
+def available_cpus(cap: int | None = 8) -> int:
+    """The CPUs this process may run on (its affinity mask: a SLURM or container share, not the whole machine),
+    at most ``cap``: the default loader worker count."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(count, cap) if cap else count)
+
+
 def require_dir(path: Path, layout: str) -> Path:
     """``path`` if it is a non-empty directory, else an error naming it and the expected layout."""
     if not path.is_dir():
@@ -61,20 +70,29 @@ def require_dir(path: Path, layout: str) -> Path:
     return path
 
 
-class ImageDataModule(pl.LightningDataModule):
+class DataModule(pl.LightningDataModule):
     """Base of every DataModule: images here, token sequences in ``data/lra``, COCO in ``data/coco``.
 
-    Subclasses set ``self.train_set``, ``self.val_set`` (and optionally
-    ``self.test_set``; the validation split is used otherwise) in ``setup`` and
-    report ``num_classes``, which the task checks against its model.
+    Subclasses set ``self.train_set``, ``self.val_set`` (and optionally ``self.test_set``; the validation split
+    is used otherwise) in ``setup``, and there, or as class attributes, what the data determines:
+    ``num_classes`` and ``classes``, which a task takes for its values left None or checks its given ones against.
     """
 
-    num_classes: int
+    #: the class count; None until ``setup()`` has read it from the data (or when the data has no classes)
+    num_classes: int | None = None
+    #: the class names by label index (predictions name them); None when the data has no names
+    classes: list[str] | None = None
     #: makes a batch from samples; None is PyTorch's default (the LRA DataModules pad sequences here,
     #: the COCO DataModule returns mmengine's ``pseudo_collate``)
     collate_fn: Callable[[list], Any] | None = None
     #: drop the ragged last training batch (Mixup needs even, full batches); detection keeps it
     drop_last_train: bool = True
+
+    @classmethod
+    def check_paths(cls, **init_args: Any) -> None:
+        """Called by the CLI with the init arguments before any model is built: raise a
+        :class:`~polyattn_lightning.errors.MissingPathError` naming a data path that cannot be right (the default
+        checks nothing: data generated on first use has no path)."""
 
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """
@@ -90,6 +108,19 @@ class ImageDataModule(pl.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.predict_set: Dataset | None = None  # None: predict the test (else validation) split
+
+    def image_files(self) -> list[str]:
+        """Every image file this data set reads, once each: what ``polyattn check-data`` (and ``check_images``)
+        decodes. Here: the ``(path, label)`` ``samples`` of the splits after ``setup("fit")``; data held in
+        memory has none; COCO and Pathfinder name theirs without loading them."""
+        if getattr(self, "train_set", None) is None:  # also for another LightningDataModule (check-data)
+            self.setup("fit")
+        paths: dict[str, None] = {}
+        for split in ("train_set", "val_set", "test_set"):
+            for sample in getattr(getattr(self, split, None), "samples", ()):
+                paths[str(sample[0])] = None
+        return list(paths)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -116,7 +147,7 @@ class ImageDataModule(pl.LightningDataModule):
         return self._loader(self._test_or_val(), train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self._test_or_val(), train=False)
+        return self._loader(self.predict_set if self.predict_set is not None else self._test_or_val(), train=False)
 
     def _test_or_val(self) -> Dataset | None:
         return self.test_set if self.test_set is not None else self.val_set

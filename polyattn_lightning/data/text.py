@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError, MissingPathError
 from ..models.hf_pretrained import load_tokenizer
-from .base import ImageDataModule
+from .base import DataModule
 
 TOO_LONG = ("truncate", "error")
 
@@ -107,7 +107,7 @@ class Encoded(Dataset):
         return self.items[index]
 
 
-class TextClassificationData(ImageDataModule):
+class TextClassificationData(DataModule):
     """Labelled text from CSV / JSONL files; batches are the tokenizer's padded dicts plus ``labels``."""
 
     drop_last_train = False
@@ -192,7 +192,7 @@ class TextClassificationData(ImageDataModule):
         return Encoded(items), len(long)
 
 
-class CausalLMText(ImageDataModule):
+class CausalLMText(DataModule):
     """Plain UTF-8 text files cut into blocks of ``block_size`` tokens; batches are ``input_ids`` ``(B, block)``."""
 
     drop_last_train = False

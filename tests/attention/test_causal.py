@@ -42,6 +42,14 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(associative, "CAUSAL_CHUNK", 4)
 
 
+@pytest.fixture(params=["cpp", "torch"])
+def associative_path(request, monkeypatch):
+    """The causal associative kernel's C++ sweep (CPU default) and its batched PyTorch form (other devices)."""
+    if request.param == "torch":
+        monkeypatch.setattr(associative, "load", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("kernel", QUADRATIC)
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -67,7 +75,7 @@ def test_fused_cpu_causal_splits_work_over_threads(threads, small_tiles):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("kernel", ["associative", *QUADRATIC])
-def test_causal_with_key_padding_and_n_counting_only_reachable_keys(kernel, shape, small_tiles):
+def test_causal_with_key_padding_and_n_counting_only_reachable_keys(kernel, shape, small_tiles, associative_path):
     """Padding + causal; N is the number of unpadded keys within reach, so a row whose reachable keys are
     all padding outputs zeros."""
     nq, nk = shape
@@ -115,7 +123,7 @@ def test_rows_with_no_key_give_zeros_and_finite_grads(kernel):
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "associative", *QUADRATIC])
-def test_changing_future_tokens_changes_nothing_before_them(kernel):
+def test_changing_future_tokens_changes_nothing_before_them(kernel, associative_path):
     name = {"sdpa": "softmax", "associative": "poly1"}.get(kernel, "poly3")
     q, k, v = (x.detach() for x in make_qkv(B=1, H=2, Nq=40, Nk=40, d=8, dv=8, dtype=torch.float32))
     out = attention(q, k, v, name, is_causal=True, kernel=kernel)
@@ -129,7 +137,7 @@ def test_changing_future_tokens_changes_nothing_before_them(kernel):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kernel", ["associative", *QUADRATIC])
-def test_low_precision_inputs(kernel, dtype):
+def test_low_precision_inputs(kernel, dtype, associative_path):
     name = "poly1" if kernel == "associative" else "poly3"
     q, k, v = make_qkv(B=2, H=2, Nq=24, Nk=40, d=16, dv=8, dtype=dtype)
     padding = torch.zeros(2, 40, dtype=torch.bool)
@@ -187,7 +195,7 @@ def test_softmax_causal_with_an_additive_mask():
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (150, 150), (37, 200), (200, 37)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_linear_causal_poly1_equals_the_quadratic_one(shape):
+def test_linear_causal_poly1_equals_the_quadratic_one(shape, associative_path):
     """The chunked prefix-sum form (ragged against its 64-query chunks) against poly1 on the whole matrix."""
     nq, nk = shape
     q, k, v = make_qkv(B=2, H=2, Nq=nq, Nk=nk, d=8, dv=6)
@@ -224,7 +232,7 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def test_linear_causal_poly1_allocates_no_n_by_n_tensor():
+def test_linear_causal_poly1_allocates_no_n_by_n_tensor(associative_path):
     n, d = 2048, 8
     q, k, v = make_qkv(B=1, H=1, Nq=n, Nk=n, d=d, dv=d, dtype=torch.float32)
     padding = torch.zeros(1, n, dtype=torch.bool)
