@@ -5,7 +5,7 @@ tokenised with the model's own tokenizer (a folder, see :mod:`~polyattn_lightnin
 
 * Labelled rows: columns ``text``, optional ``text_pair`` and ``label``. Labels are strings or ints; the
   classes are the training labels in sorted order (numerically when every label is an integer), exposed as
-  ``labels`` (the task saves them with its checkpoint) and ``num_classes``. Rows longer than ``max_length``
+  ``classes`` (the task saves them with its checkpoint) and ``num_classes``. Rows longer than ``max_length``
   tokens are truncated with one warning that counts them (``too_long: error`` makes them an error).
 * Plain text: the file's lines tokenised and joined with the tokenizer's end-of-sequence token into one
   stream, cut into blocks of ``block_size`` tokens (the last, shorter, block is dropped); ``vocab_size``
@@ -137,7 +137,7 @@ class TextClassificationData(DataModule):
             raise ConfigError(f"data.too_long must be one of {TOO_LONG}, got {too_long!r}")
         self.train, self.val, self.test, self.tokenizer_path = train, val, test, tokenizer
         self.max_length, self.too_long = max_length, too_long
-        self.labels: list[str] | None = None
+        self.classes: list[str] | None = None
         self.num_classes: int | None = None
 
     def files(self) -> dict[str, str | None]:
@@ -153,11 +153,11 @@ class TextClassificationData(DataModule):
                 raise ConfigError(f"data.{key} is required")
         self.tokenizer = load_tokenizer(self.tokenizer_path, "data.tokenizer")
         rows = {split: read_rows(path) for split, path in files.items() if path is not None}
-        self.labels = sorted_classes([label for *_, label, _ in rows["train"]])
-        self.num_classes = len(self.labels)
+        self.classes = sorted_classes([label for *_, label, _ in rows["train"]])
+        self.num_classes = len(self.classes)
         if self.num_classes < 2:
-            raise DataError(f"{files['train']}: one label only ({self.labels[0]!r}); classification needs two or more")
-        index = {label: i for i, label in enumerate(self.labels)}
+            raise DataError(f"{files['train']}: one label only ({self.classes[0]!r}); classification needs two or more")
+        index = {label: i for i, label in enumerate(self.classes)}
         encoded, truncated = {}, 0
         for split, split_rows in rows.items():
             encoded[split], cut = self._encode(Path(files[split]), split_rows, index)
@@ -187,7 +187,7 @@ class TextClassificationData(DataModule):
         items = []
         for i, (*_, label, line) in enumerate(rows):
             if label not in index:
-                raise DataError(f"{path}:{line}: label {label!r} is not among the training labels {self.labels}")
+                raise DataError(f"{path}:{line}: label {label!r} is not among the training labels {self.classes}")
             items.append({**{key: values[i] for key, values in enc.items()}, "labels": index[label]})
         return Encoded(items), len(long)
 

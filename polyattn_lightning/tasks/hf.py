@@ -128,7 +128,7 @@ class HFSequenceClassification(HFTask):
     """An HF encoder with a classification head (``AutoModelForSequenceClassification``); accuracy on val/test."""
 
     auto_class = "AutoModelForSequenceClassification"
-    data_args = ("num_classes", "labels")
+    data_args = ("num_classes", "classes")
 
     def __init__(
         self,
@@ -136,7 +136,7 @@ class HFSequenceClassification(HFTask):
         hf_config: dict[str, Any] | None = None,
         attention: ActivationSpec = "softmax",
         num_classes: int | None = None,
-        labels: list[str] | None = None,
+        classes: list[str] | None = None,
         optim: OptimRecipe = HF_OPTIM,
         test_after_fit: bool = True,
         export_dir: str | None = None,
@@ -148,7 +148,7 @@ class HFSequenceClassification(HFTask):
                 encoder is kept and a new classification head is added.
             hf_config: instead of ``model``, a config mapping with ``model_type`` (random init).
             attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
-            num_classes, labels: None takes the data's (the training labels in sorted order); saved with the
+            num_classes, classes: None takes the data's (the training labels in sorted order); saved with the
                 checkpoint and in the exported config (``id2label``).
             optim: optimizer and schedule.
             test_after_fit: test the best checkpoint (by ``val/top1``) at the end of ``fit``.
@@ -161,9 +161,9 @@ class HFSequenceClassification(HFTask):
         self.build_if_known()
 
     def config_overrides(self) -> dict[str, Any]:
-        labels = list(self.hparams.labels)
+        labels = list(self.hparams.classes)
         if len(labels) != self.hparams.num_classes:
-            raise ConfigError(f"model.init_args.labels has {len(labels)} names for num_classes={self.hparams.num_classes}")
+            raise ConfigError(f"model.init_args.classes has {len(labels)} names for num_classes={self.hparams.num_classes}")
         return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
                 "label2id": {label: i for i, label in enumerate(labels)}}
 
@@ -180,7 +180,7 @@ class HFSequenceClassification(HFTask):
         logits_evaluation(self, self(batch), batch["labels"], stage)
 
     def predict_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        """Class probabilities (the class names are ``hparams.labels``)."""
+        """Class probabilities (the class names are ``hparams.classes``)."""
         return self(batch).softmax(-1)
 
 

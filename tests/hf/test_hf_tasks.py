@@ -62,7 +62,7 @@ def test_classification_learns_saves_labels_and_exports(tmp_path, text_files):
                                     export_dir=str(tmp_path / "exported"))
     fit = trainer(tmp_path, 80)
     fit.fit(task, classification_data(text_files))
-    assert task.hparams.labels == ["cold", "warm"] and task.hparams.num_classes == 2
+    assert task.hparams.classes == ["cold", "warm"] and task.hparams.num_classes == 2
     metrics = fit.validate(task, classification_data(text_files), verbose=False)[0]
     assert metrics["val/top1"] > 0.8  # the majority class is ~0.5
     # the checkpoint loads with weights_only and rebuilds the model without any folder

@@ -31,7 +31,7 @@ def test_rows_labels_and_batches(tmp_path, tokenizer_dir):
     val.write_text(json.dumps({"text": "word1", "label": 10}) + "\n\n" + json.dumps({"text": "word2", "label": "2"}) + "\n")
     data = TextClassificationData(str(train), str(val), str(tokenizer_dir), batch_size=2)
     data.setup("fit")
-    assert data.labels == ["2", "10"] and data.num_classes == 2  # integers sort numerically
+    assert data.classes == ["2", "10"] and data.num_classes == 2  # integers sort numerically
     assert [item["labels"] for item in data.train_set.items] == [1, 0, 0]
     batch = data.collate_fn([data.train_set[0], data.train_set[1]])
     assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"][1].sum() < batch["attention_mask"][0].sum()
@@ -117,4 +117,4 @@ def test_generated_sentiment_needs_more_than_one_token(tmp_path, tokenizer_dir):
     data.setup()
     train = {line for line in (tmp_path / "set" / "train.csv").read_text().splitlines()[1:]}
     test = {line for line in (tmp_path / "set" / "test.csv").read_text().splitlines()[1:]}
-    assert len(train) == 40 and not train & test and data.labels == ["negative", "positive"]
+    assert len(train) == 40 and not train & test and data.classes == ["negative", "positive"]
