@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("attention", "detection", "diagnostics", "lra")
+BENCHMARKS = ("attention", "detection", "diagnostics", "hf", "lra")
 
 
 def main(argv: list[str] | None = None) -> int:
