@@ -9,7 +9,7 @@ function under :data:`IMPLEMENTATION` (once per process; the registry is global)
 (``module.activation_spec``), so two models with different activations live in one process.
 
 What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding
-window, chunked; a mask of one repeated row becomes ``key_padding_mask`` so the kernels skip the padding),
+window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``, see :func:`split_mask`),
 causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else causal as HF's SDPA path
 assumes; only when more than one query row), grouped-query attention (``num_key_value_groups``: the kv
 heads are repeated), ``scaling`` as the temperature, attention dropout (HF passes 0 in eval), and the
@@ -93,21 +93,20 @@ def polyattn_attention(
     if groups > 1:  # grouped-query / multi-query attention: each kv head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     q_len = query.shape[2]
-    masks: dict[str, Tensor | None] = {}
+    causal, masks = False, {}
     if attention_mask is None:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-        if causal and q_len > 1:
-            if key.shape[2] > q_len:
-                # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
-                key, value = key[:, :, :q_len], value[:, :, :q_len]
-            masks["attn_mask"] = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
+        causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if causal and key.shape[2] > q_len:
+            # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
     else:
-        masks.update(_split_padding(attention_mask))
+        causal, masks = split_mask(attention_mask)
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     capture = getattr(module, "capture", None)
-    if capture is not None:
-        capture(module, AttentionInputs(query, key, value, temperature, **masks))
-    out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, **masks)
+    if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
+        seen = dict(masks, attn_mask=_causal(q_len, key.shape[2], query.device)) if causal else masks
+        capture(module, AttentionInputs(query, key, value, temperature, **seen))
+    out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -124,15 +123,29 @@ def _spec_of(module: nn.Module) -> ActivationSpec:
     return spec
 
 
-def _split_padding(mask: Tensor) -> dict[str, Tensor]:
-    """HF's mask as ``attention()`` takes it: a mask whose rows are all equal (an encoder's padding) is a
-    ``key_padding_mask`` (the fused kernels skip the padding; poly1 keeps its linear form); anything else
-    (causal, sliding window, an additive float mask) stays ``attn_mask``."""
-    if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and not torch.compiler.is_compiling():
-        row = mask[:, :, :1]
-        if mask.shape[2] == 1 or bool((mask == row).all()):
-            return {"key_padding_mask": ~row[:, 0, 0]}
-    return {"attn_mask": mask}
+def _causal(q_len: int, kv_len: int, device: torch.device) -> Tensor:
+    """Bottom-right causal: query ``i`` attends keys ``0 .. i + kv_len - q_len``."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+
+
+def split_mask(mask: Tensor) -> tuple[bool, dict[str, Tensor]]:
+    """HF's mask as ``attention()`` takes it best: ``(is_causal, masks)``.
+
+    A boolean mask that is causal (bottom-right) and/or key padding is passed as ``is_causal`` plus a
+    ``key_padding_mask``, so the kernels skip the tiles above the diagonal and the padding and poly1 keeps its
+    linear form; anything else (sliding window, chunks, an additive float mask) stays ``attn_mask``. The last
+    query row sees every key either pattern allows, so it is the padding. Under ``torch.compile`` (no
+    data-dependent test) the mask is passed as it is.
+    """
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or torch.compiler.is_compiling():
+        return False, {"attn_mask": mask}
+    row = mask[:, :, -1:]
+    padding = {} if bool(row.all()) else {"key_padding_mask": ~row[:, 0, 0]}
+    if bool((mask == row).all()):
+        return False, padding
+    if bool((mask == (_causal(*mask.shape[-2:], mask.device) & row)).all()):
+        return True, padding
+    return False, {"attn_mask": mask}
 
 
 # --------------------------------------------------------------------------- switching
@@ -288,4 +301,4 @@ def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs
     return model
 
 
-__all__ = ["CONFIG_KEY", "IMPLEMENTATION", "load_pretrained", "polyattn_attention", "set_attention", "switched_class"]
+__all__ = ["CONFIG_KEY", "IMPLEMENTATION", "load_pretrained", "polyattn_attention", "set_attention", "split_mask", "switched_class"]

