@@ -499,8 +499,11 @@ def backward_launches(q3, k3, v3, do, dq, dk, dv, ds, c, shift, mask, bias, seed
 
 
 def _device_guard(x: Tensor):
-    """Triton launches on the current CUDA device: make it ``x``'s for the launches."""
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+    """Triton launches on the current CUDA device: make it ``x``'s for the launches (not while tracing with
+    fake tensors, where nothing is launched)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.cuda.device(x.device) if x.is_cuda and not is_fake(x) else contextlib.nullcontext()
 
 
 def _run(launches: list[Launch]) -> None:
@@ -546,24 +549,34 @@ def draw_seed(device: torch.device) -> Tensor:
     return torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device)
 
 
+def kernel_operands(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None):
+    """``q, k, v`` as contiguous ``(B*H, N, d)`` in ``q``'s dtype, the mask as a 4-D uint8 view of ``allowed``
+    (its strides kept, no copy) and the bias as 4-D: what the operators get."""
+    q3, k3, v3 = (x.to(q.dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+    mask = None if allowed is None else _as_4d(allowed).view(torch.uint8)
+    return q3, k3, v3, mask, None if bias is None else _as_4d(bias)
+
+
 class TritonAttention(torch.autograd.Function):
     """``out = c(n) / (1 - p) * dropout(mask(f(S + b(n) + bias))) @ v`` on the Triton operators.
 
     Operands go in as contiguous ``(B*H, N, d)`` in ``q``'s dtype; the output
-    comes back in ``v``'s dtype and each gradient in its input's.
+    comes back in ``v``'s dtype and each gradient in its input's. ``seed``: the
+    dropout seed tensor (default: drawn by ``draw_seed``).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float):
+    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, seed: Tensor | None = None):
         B, H, nq, _ = q.shape
         nk, dv = k.shape[-2], v.shape[-1]
-        q3, k3, v3 = (x.to(q.dtype).reshape(B * H, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+        q3, k3, v3, mask, bias4 = kernel_operands(q, k, v, allowed, bias)
         c, shift = act.per_row(n, (B, H, nq, nk), torch.float32)
         if dropout_p:
             c = c / (1.0 - dropout_p)
-        mask = None if allowed is None else _as_4d(allowed).to(torch.uint8)
-        bias4 = None if bias is None else _as_4d(bias)
-        seed = draw_seed(q.device) if dropout_p else None
+        if dropout_p and seed is None:
+            seed = draw_seed(q.device)
+        elif not dropout_p:
+            seed = None
         form, power = act.fused_form
         ctx.op_args = (H, float(t), form, power, float(dropout_p))
         out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias4, seed, *ctx.op_args)
@@ -589,62 +602,11 @@ class TritonAttention(torch.autograd.Function):
             summed = ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4
             shape, dtype = ctx.inputs[3]
             dbias = summed.reshape(shape).to(dtype)
-        return (*grads, dbias, None, None, None, None, None)
+        return (*grads, dbias, None, None, None, None, None, None)
 
 
 def _as_4d(x: Tensor) -> Tensor:
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
-
-
-#: ``triton_compiles`` verdicts by configuration.
-_PROBED: dict[tuple, bool] = {}
-
-
-@torch.compiler.assume_constant_result
-def _compiles(device: str, dtype: torch.dtype, d: int, form: int, power: int, has_mask: bool, has_bias: bool,
-              dropout: bool) -> bool:
-    key = (device, dtype, d, form, power, has_mask, has_bias, dropout)
-    if key not in _PROBED:
-        _PROBED[key] = _probe(*key)
-    return _PROBED[key]
-
-
-def triton_compiles(q: Tensor, act, has_mask: bool, has_bias: bool, dropout: bool) -> bool:
-    """Whether the kernels compile and run for this configuration (dtype, head dim, form, mask, bias, dropout).
-
-    Decided once per configuration and process, on tiny inputs (``v``'s head dim taken equal to ``q``'s);
-    where they fail, a warning names the error and ``attention()`` uses the blocked kernel instead.
-    """
-    form, power = act.fused_form
-    return _compiles(str(q.device), q.dtype, q.shape[-1], form, power, has_mask, has_bias, dropout)
-
-
-def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
-    n = 16
-    try:
-        g = torch.Generator().manual_seed(0)  # the default generator is left alone: seeded runs stay repeatable
-        q3, k3, v3, do = (torch.randn(1, n, d, generator=g).to(device, dtype) for _ in range(4))
-        c, shift = torch.ones(1, n, device=device), torch.zeros(1, n, device=device)
-        mask = torch.ones(1, 1, 1, n, dtype=torch.uint8, device=device) if has_mask else None
-        bias = torch.zeros(1, 1, n, n, device=device) if has_bias else None
-        seed = torch.ones(1, dtype=torch.int64, device=device) if dropout else None
-        p = 0.1 if dropout else 0.0  # the usual attention dropout (Triton types its threshold as i32 then)
-        out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias, seed, 1, 1.0, form, power, p)
-        grads = torch.ops.polyattn.triton_backward(q3, k3, v3, do, c, shift, mask, bias, seed, 1, 1.0, form, power,
-                                                   p, has_bias)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        if not all(bool(x.isfinite().all()) for x in (out, *grads)):
-            raise FloatingPointError("non-finite result on finite inputs")
-    except Exception as error:  # a Triton compile error, out of resources, an unsupported GPU...
-        warnings.warn(
-            f"the Triton attention kernel does not run on this GPU for {dtype}, head dim {d}, form {form}/{power}, "
-            f"mask={has_mask}, bias={has_bias}, dropout={dropout} ({type(error).__name__}: {error}); "
-            "attention falls back to the blocked PyTorch kernel (slower)",
-            stacklevel=4,
-        )
-        return False
-    return True
 
 
 def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:

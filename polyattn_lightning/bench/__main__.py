@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("attention", "detection", "diagnostics", "lra")
+BENCHMARKS = ("attention", "detection", "diagnostics", "lra", "triton-static")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         print(f"usage: python -m polyattn_lightning.bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
         return 2
-    benchmark = importlib.import_module(f".{argv[0]}", __package__)  # imported on use: detection needs mmdet
+    benchmark = importlib.import_module(f".{argv[0].replace('-', '_')}", __package__)  # imported on use: detection needs mmdet
     return benchmark.main(argv[1:])
 
 
