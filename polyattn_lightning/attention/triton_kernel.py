@@ -436,6 +436,10 @@ def _tl_dtype(dtype: torch.dtype):
 def product_types(dtype: torch.dtype) -> dict:
     """The products' operand dtypes and ``input_precision`` for ``dtype`` inputs (the module's table)."""
     fp32 = fp32_precision()
+    if launch_table() == "legacy":  # as before the offline check: fp32 operands on TF32 only if allow_tf32 says so
+        fp32 = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+        if dtype == torch.float16:
+            return dict(QK=_tl_dtype(dtype), QK_PRECISION="ieee", PV=tl.float32, PV_PRECISION=fp32)
     if dtype == torch.float16:
         return dict(QK=_tl_dtype(dtype), QK_PRECISION="ieee", PV=tl.float32, PV_PRECISION="tf32")
     if dtype == torch.bfloat16:
