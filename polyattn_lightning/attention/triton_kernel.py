@@ -11,7 +11,9 @@ atomics are needed.
 Supported: ``poly{p}``, ``relu``, ``softplus``, ``sigmoid`` (an Activation's
 ``kernel`` form), fp16 / bf16 / fp32 operands, head dims up to 256, any
 boolean ``allowed`` mask (key padding or pairwise, read through broadcast
-strides), an additive score bias (Swin's relative-position bias; read through
+strides), causal masking (``CAUSAL``: query ``i`` attends keys ``j <= i + OFFSET``,
+``OFFSET = Nk - Nq``; each program's tile loop stops at, or starts from, the
+diagonal, so tiles above it are never computed, and only those it crosses are masked), an additive score bias (Swin's relative-position bias; read through
 broadcast strides, its gradient summed over the dimensions it broadcasts
 along), attention dropout, ragged lengths and ``Nq != Nk``.
 
@@ -278,11 +280,13 @@ if triton is not None:
 
     @triton.jit
     def _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                seed, threshold, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-                QK: tl.constexpr, QK_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
-        """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, dropout)."""
+                seed, threshold, OFFSET, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+                CAUSAL: tl.constexpr, QK: tl.constexpr, QK_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, causal, dropout)."""
         z = _mm(q, tl.trans(k), QK, QK_PRECISION) * t + shift[:, None]
         valid = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
         if HAS_BIAS:
             bias = tl.load(bias_base + offs_m[:, None] * sb_q + offs_n[None, :] * sb_k, mask=valid, other=0.0)
             z += bias.to(tl.float32)
@@ -340,9 +344,9 @@ if triton is not None:
 
     @triton.jit
     def _forward(Q, K, V, Out, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                 sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                 sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                  FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                 DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
                  PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per query block: ``out = sum_k c phi(z) V``."""
@@ -353,21 +357,25 @@ if triton is not None:
         mask_base, bias_base, seed = _head_extras(Mask, Bias, Seed, bh, H, sm_b, sm_h, sb_b, sb_h, DROPOUT)
         K_head, V_head = K + bh.to(tl.int64) * Nk * D, V + bh.to(tl.int64) * Nk * DV
         acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-        for start in range(0, Nk, BLOCK_N):
+        hi = Nk
+        if CAUSAL:  # no key beyond the last row's reach
+            hi = tl.minimum(Nk, (pid + 1) * BLOCK_M + OFFSET)
+        for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
             z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                               sb_q, sb_k, seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, QK_PRECISION, BLOCK_N)
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
             acc += _mm(p, v, PV, PV_PRECISION)
         _store_rows(Out + bh.to(tl.int64) * Nq * DV, acc, offs_m, Nq, offs_dv, DV)
 
     @triton.jit
     def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                     sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                     sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                      FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                     DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
                      PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
@@ -381,12 +389,16 @@ if triton is not None:
         DO_head = DO + bh.to(tl.int64) * Nq * DV
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
-        for row in range(0, Nq, BLOCK_M):
+        lo = 0
+        if CAUSAL:  # no query before the first key's first reader
+            lo = tl.maximum(0, start - OFFSET) // BLOCK_M * BLOCK_M
+        for row in range(lo, Nq, BLOCK_M):
             offs_m = row + tl.arange(0, BLOCK_M)
             q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
             do_c = _load_rows(DO_head, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
             z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                               sb_q, sb_k, seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, QK_PRECISION, BLOCK_N)
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
             dv += _mm(tl.trans(p), do_c, PV, PV_PRECISION)
             ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
@@ -396,9 +408,9 @@ if triton is not None:
 
     @triton.jit
     def _backward_q(Q, K, V, DO, DQ, DBias, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                    sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                    sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                     FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                    DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
                     PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BIAS_GRAD: tl.constexpr):
@@ -412,12 +424,16 @@ if triton is not None:
         K_head, V_head = K + bh.to(tl.int64) * Nk * D, V + bh.to(tl.int64) * Nk * DV
         DS_head = DBias + bh.to(tl.int64) * Nq * Nk
         dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for start in range(0, Nk, BLOCK_N):
+        hi = Nk
+        if CAUSAL:
+            hi = tl.minimum(Nk, (pid + 1) * BLOCK_M + OFFSET)
+        for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
             z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                               sb_q, sb_k, seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, QK_PRECISION, BLOCK_N)
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
             ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
             if BIAS_GRAD:
                 inside = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
@@ -464,14 +480,16 @@ class Launch(NamedTuple):
     config: LaunchConfig
 
 
-def _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p):
+def _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal):
     """Runtime arguments after the block tensors, and the compile-time ones, shared by all three kernels."""
     nq, nk, d, dv = q3.shape[1], k3.shape[1], q3.shape[2], v3.shape[2]
     threshold = min(math.floor(dropout_p * 2**32), 2**32 - 1)
     args = (c, shift, q3 if mask is None else mask, q3 if bias is None else bias, q3 if seed is None else seed,
-            t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias))
+            t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias),
+            0 if causal is None else causal)
     meta = dict(
         FORM=form, POWER=power, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, DROPOUT=dropout_p > 0,
+        CAUSAL=causal is not None,
         **product_types(q3.dtype), HEADS_FASTEST=grid_order() == "heads",
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
     )
@@ -485,16 +503,17 @@ def _launch(name: str, kernel, rows: int, q3, k3, v3, args, meta) -> Launch:
     return Launch(kernel, grid, args, {**meta, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, config)
 
 
-def forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p) -> list[Launch]:
+def forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
+                     causal) -> list[Launch]:
     """The forward kernel's launch for contiguous ``(B*H, N, d)`` operands (mask/bias 4-D, broadcastable)."""
-    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p)
+    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
     return [_launch("forward", _forward, q3.shape[1], q3, k3, v3, (q3, k3, v3, out, *args), meta)]
 
 
 def backward_launches(q3, k3, v3, do, dq, dk, dv, ds, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
-                      bias_grad: bool) -> list[Launch]:
+                      causal, bias_grad: bool) -> list[Launch]:
     """The two backward kernels' launches; ``ds`` is the bias-gradient buffer (any tensor without ``bias_grad``)."""
-    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p)
+    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
     return [
         _launch("backward_kv", _backward_kv, k3.shape[1], q3, k3, v3, (q3, k3, v3, do, dk, dv, *args), meta),
         _launch("backward_q", _backward_q, q3.shape[1], q3, k3, v3, (q3, k3, v3, do, dq, ds, *args),
@@ -524,26 +543,30 @@ if triton is not None:
     def triton_forward(
         q3: Tensor, k3: Tensor, v3: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
         seed: Optional[Tensor], heads: int, t: float, form: int, power: int, dropout_p: float,
+        causal: Optional[int] = None,
     ) -> Tensor:
         """``out (B*H, Nq, dv)`` from contiguous ``(B*H, N, d)`` operands; mask/bias 4-D, broadcastable."""
         out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
         with _device_guard(q3):
-            _run(forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p))
+            _run(forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
+                                  causal))
         return out
 
     @torch.library.triton_op("polyattn::triton_backward", mutates_args=())
     def triton_backward(
         q3: Tensor, k3: Tensor, v3: Tensor, do: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor],
         bias: Optional[Tensor], seed: Optional[Tensor], heads: int, t: float, form: int, power: int,
-        dropout_p: float, bias_grad: bool,
+        dropout_p: float, causal: Optional[int], bias_grad: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``dq, dk, dv`` and, with ``bias_grad``, ``dS`` as fp32 ``(B*H, Nq, Nk)`` (else an empty tensor)."""
         bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
         dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-        ds = q3.new_empty((bh, nq, nk) if bias_grad else (0,), dtype=torch.float32)
+        ds = (q3.new_zeros if causal is not None else q3.new_empty)(  # causal: skipped tiles stay 0
+            (bh, nq, nk) if bias_grad else (0,), dtype=torch.float32
+        )
         with _device_guard(q3):
             _run(backward_launches(q3, k3, v3, do, dq, dk, dv, ds if bias_grad else dq, c, shift, mask, bias, seed,
-                                   heads, t, form, power, dropout_p, bias_grad))
+                                   heads, t, form, power, dropout_p, causal, bias_grad))
         return dq, dk, dv, ds
 
 
@@ -570,7 +593,8 @@ class TritonAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, seed: Tensor | None = None):
+    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None,
+                seed: Tensor | None = None):
         B, H, nq, _ = q.shape
         nk, dv = k.shape[-2], v.shape[-1]
         q3, k3, v3, mask, bias4 = kernel_operands(q, k, v, allowed, bias)
@@ -582,7 +606,7 @@ class TritonAttention(torch.autograd.Function):
         elif not dropout_p:
             seed = None
         form, power = act.fused_form
-        ctx.op_args = (H, float(t), form, power, float(dropout_p))
+        ctx.op_args = (H, float(t), form, power, float(dropout_p), causal)
         out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias4, seed, *ctx.op_args)
         ctx.save_for_backward(q3, k3, v3, c, shift, mask, bias4, seed)
         ctx.inputs = [(x.shape, x.dtype) for x in (q, k, v)] + [None if bias is None else (bias.shape, bias.dtype)]
@@ -606,14 +630,14 @@ class TritonAttention(torch.autograd.Function):
             summed = ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4
             shape, dtype = ctx.inputs[3]
             dbias = summed.reshape(shape).to(dtype)
-        return (*grads, dbias, None, None, None, None, None, None)
+        return (*grads, dbias, None, None, None, None, None, None, None)
 
 
 def _as_4d(x: Tensor) -> Tensor:
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
 
 
-def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
+def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:
     """``kernels.run`` signature."""
     if triton is None:
         raise RuntimeError("the triton kernel needs the `triton` package")
@@ -622,4 +646,4 @@ def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p) -> Tensor:
             f"the triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256 and a "
             f"built-in activation; got {q.device} {q.dtype} d={q.shape[-1]} {act.name!r}"
         )
-    return TritonAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p))
+    return TritonAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p), causal)

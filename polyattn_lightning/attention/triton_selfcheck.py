@@ -14,7 +14,7 @@ that configuration from then on.
 * The configuration (``launch_key``) is every value that changes the compiled
   kernels: device, dtype, head dims, form, mask / bias / bias-gradient /
   dropout flags, the products' precision (``torch.get_float32_matmul_precision``),
-  the launch table and grid order, the three tile configs, and Triton's
+  causal flag, the launch table and grid order, the three tile configs, and Triton's
   specialisation of each runtime argument (``== 1``, divisible by 16, 32/64
   bit, pointer alignment). The small problem is built from the key alone, with
   lengths, strides and pointer offsets of the same specialisation, so it runs
@@ -63,6 +63,7 @@ class Config(NamedTuple):
     bias: bool
     bias_grad: bool
     dropout: bool
+    causal: bool
     precision: str
     table: str
     grid: str
@@ -82,7 +83,7 @@ def _ptr_spec(x: Tensor | None) -> str:
     return "D" if x.data_ptr() % 16 == 0 else ""
 
 
-def launch_key(q, k, v, act, allowed, bias, dropout_p: float) -> tuple:
+def launch_key(q, k, v, act, allowed, bias, dropout_p: float, causal: int | None = None) -> tuple:
     """``(Config, specialisation)``: every value that changes the compiled kernels for this call."""
     q3, k3, v3, mask, bias4 = tk.kernel_operands(q, k, v, allowed, bias)
     bh, nq, d = q3.shape
@@ -91,21 +92,23 @@ def launch_key(q, k, v, act, allowed, bias, dropout_p: float) -> tuple:
     name = f"poly{power}" if form == 0 else _FORM_NAMES[form]
     config = Config(str(q.dtype).removeprefix("torch."), d, dv, name, mask is not None, bias4 is not None,
                     bias4 is not None and bias4.requires_grad and torch.is_grad_enabled(), dropout_p > 0,
+                    causal is not None,
                     tk.fp32_precision() if q.dtype == torch.float32 else "-", tk.launch_table(), tk.grid_order())
     threshold = min(int(dropout_p * 2**32), 2**32 - 1)
     tiles = tuple(tuple(tk.launch_config(kernel, q.dtype, d, dv, nq, nk)) for kernel in tk.KERNELS)
     strides = tuple(_int_spec(s) for x in (mask, bias4) for s in tk._broadcast_strides(x))
     spec = (str(q.device), form, power, float(dropout_p), _int_spec(threshold), max(nq, nk) <= tk.SHORT, tiles,
-            tuple(_int_spec(x) for x in (nq, nk, q.shape[1], d, dv)), strides,
+            tuple(_int_spec(x) for x in (nq, nk, q.shape[1], d, dv, 0 if causal is None else causal)), strides,
             tuple(_ptr_spec(x) for x in (q3, k3, v3, mask, bias4)))
     return config, spec
 
 
-def triton_verified(q, k, v, act, allowed, bias, dropout_p: float) -> bool:
-    """Whether ``attention()`` may run Triton for this call's configuration (checked once per process)."""
+def triton_verified(q, k, v, act, allowed, bias, dropout_p: float, causal: int | None = None) -> bool:
+    """Whether ``attention()`` may run Triton for this call's configuration (checked once per process);
+    ``causal``: the causal diagonal offset or None."""
     if os.environ.get("POLYATTN_TRITON_SELFCHECK", "1") == "0":
         return True
-    return _verdict(launch_key(q, k, v, act, allowed, bias, dropout_p))
+    return _verdict(launch_key(q, k, v, act, allowed, bias, dropout_p, causal))
 
 
 @torch.compiler.assume_constant_result
@@ -148,9 +151,15 @@ def _operand(shape4, stride_specs, dtype, device, aligned, generator) -> Tensor:
 
 def _self_check(config: Config, spec: tuple) -> bool:
     device, form, power, p, _, short, _, lengths, strides, pointers = spec
-    nq_spec, nk_spec, heads_spec, _, _ = lengths
+    nq_spec, nk_spec, heads_spec, _, _, offset_spec = lengths
     dtype = getattr(torch, config.dtype)
     nq, nk = _length(nq_spec, short), _length(nk_spec, short)
+    causal = None
+    if config.causal:  # an offset Nk - Nq of the same specialisation
+        causal = nk - nq
+        if _int_spec(causal) != offset_spec:
+            nk = nq + _length(offset_spec, short) if offset_spec != "i32D" else nq
+            causal = nk - nq
     heads = _stride(heads_spec)
     batch = 2
     g = torch.Generator().manual_seed(0)  # the default generators are left alone: seeded runs stay repeatable
@@ -165,14 +174,14 @@ def _self_check(config: Config, spec: tuple) -> bool:
         with torch.enable_grad(), torch.autocast(torch.device(device).type, enabled=False):
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             bias_leaf = None if bias is None else bias.detach().requires_grad_(config.bias_grad)
-            n = keys_per_row(allowed, nk, q.device)
+            n = keys_per_row(allowed, nk, q.device, causal)
             seed = torch.tensor([0x5EED_2026_0001], dtype=torch.int64, device=device)
-            out = tk.TritonAttention.apply(*leaves, bias_leaf, act, t, allowed, n, p, seed if p else None)
+            out = tk.TritonAttention.apply(*leaves, bias_leaf, act, t, allowed, n, p, causal, seed if p else None)
             kept = allowed
             if p:
                 keep = dropout_keep(int(seed), batch * heads, nq, nk, p).view(batch, heads, nq, nk).to(device)
                 kept = keep if allowed is None else keep & allowed
-            expected = blocked(*leaves, act, t, kept, bias_leaf, n, 0.0).float() / (1.0 - p)
+            expected = blocked(*leaves, act, t, kept, bias_leaf, n, 0.0, causal=causal).float() / (1.0 - p)
             wanted = leaves + ([bias_leaf] if config.bias_grad else [])
             weight = torch.randn(out.shape, generator=g).to(device)
             got = torch.autograd.grad((out.float() * weight).sum(), wanted)

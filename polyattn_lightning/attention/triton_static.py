@@ -50,6 +50,7 @@ class Case(NamedTuple):
     d: int = 64
     n: int = 4096
     extras: bool = False  # mask + bias (with its gradient) + dropout
+    causal: bool = False
     precision: str = "high"  # torch.get_float32_matmul_precision() while building the launches (fp32 inputs)
     table: str = "tuned"
 
@@ -74,7 +75,7 @@ def case_launches(case: Case) -> list[tk.Launch]:
     torch.set_float32_matmul_precision(case.precision)
     os.environ["POLYATTN_TRITON_TABLE"] = case.table
     try:
-        common = (c, shift, mask, bias, seed, heads, d**-0.5, form, power, p)
+        common = (c, shift, mask, bias, seed, heads, d**-0.5, form, power, p, 0 if case.causal else None)
         return (tk.forward_launches(q3, k3, v3, out, *common)
                 + tk.backward_launches(q3, k3, v3, do, dq, dk, dv, ds, *common, case.extras))
     finally:

@@ -36,7 +36,8 @@ SPILL_LIMIT_EXTRAS = 1024
 def matrix() -> list[tuple[dict, int]]:
     """``(case fields, arch)`` pairs: poly3 at every dtype x head dim x {plain, mask+bias+dropout} x arch, then
     deltas once each: the other forms, N = 197 (unaligned), Swin's N = 49 (the short-window tile), fp32 at
-    'medium' precision (tf32; the main fp32 rows are 'high', tf32x3)."""
+    'medium' precision (tf32; the main fp32 rows are 'high', tf32x3), and causal with mask + bias + dropout
+    (16-bit, d 64 and 128, both architectures)."""
     cases = [
         (dict(dtype=dtype, d=d, extras=extras), arch)
         for arch in ARCHS for dtype in ("bfloat16", "float16", "float32") for d in (32, 64, 128, 256)
@@ -45,6 +46,8 @@ def matrix() -> list[tuple[dict, int]]:
     cases += [(dict(form=form), 90) for form in ("poly1", "relu", "softplus", "sigmoid")]
     cases += [(dict(n=197, extras=True), 80), (dict(n=49, d=32, extras=True), 80),
               (dict(dtype="float32", precision="medium"), 90)]
+    cases += [(dict(dtype=dtype, d=d, extras=True, causal=True), arch)
+              for arch in ARCHS for dtype in ("bfloat16", "float16") for d in (64, 128)]
     return cases
 
 
@@ -99,6 +102,7 @@ def run(jobs: int = 2, items: list[tuple[dict, int]] | None = None) -> dict:
 
 def _case_label(row: dict) -> str:
     label = f"{row['form']} {row['dtype']} d{row['d']} N{row['n']}" + (" +mask+bias+dropout" if row["extras"] else "")
+    label += " +causal" if row.get("causal") else ""
     return label + (f" ({row['precision']})" if row["dtype"] == "float32" else "")
 
 

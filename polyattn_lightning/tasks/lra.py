@@ -14,6 +14,8 @@ holds the best checkpoint's weights, not the last step's.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 import lightning.pytorch as pl
@@ -136,9 +138,12 @@ class LRAModule(pl.LightningModule):
         if not self.hparams.test_after_fit or trainer.datamodule is None:
             return
         callback = trainer.checkpoint_callback
-        ckpt_path = "best" if callback is not None and callback.best_model_path else None
-        if ckpt_path is None:
+        ckpt_path = callback.best_model_path if callback is not None else ""
+        if not ckpt_path:
+            # an explicit file, never None: under SLURM Lightning would resolve None to the newest hpc checkpoint
             rank_zero_warn("no best checkpoint was saved: testing the weights at the end of training")
+            ckpt_path = os.path.join(trainer.default_root_dir, "end_of_fit.ckpt")
+            trainer.save_checkpoint(ckpt_path)
         trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)
 
     def configure_optimizers(self) -> dict[str, Any]:
