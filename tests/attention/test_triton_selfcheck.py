@@ -56,7 +56,7 @@ def test_dropout_seed_is_drawn_on_the_device_without_a_host_copy():
         q = torch.randn(2, 2, 64, 32, device="cuda:1", dtype=torch.bfloat16, requires_grad=True)
         n = torch.full((1, 1, 1, 1), 64.0, device="cuda:1")
         with Record():
-            out = TritonAttention.apply(q, q, q, None, get_activation("poly3"), 0.2, None, n, 0.1)
+            out = TritonAttention.apply(q, q, q, None, get_activation("poly3"), 0.2, None, n, 0.1, None)
     assert out.device == torch.device("cuda:1")
     assert ("aten.randint.default", set(), "cuda:1") in ops
     assert "polyattn.triton_forward.default" in {name for name, _, _ in ops}
