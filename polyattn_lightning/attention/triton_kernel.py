@@ -101,6 +101,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
 def fp32_precision() -> str:
     """``input_precision`` of fp32 products: ``ieee``, ``tf32x3`` or ``tf32`` (see the module's table)."""
     return FP32_PRECISION[torch.get_float32_matmul_precision()]
@@ -207,11 +208,13 @@ def _choice(variable: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
 def launch_table() -> str:
     """``POLYATTN_TRITON_TABLE``: ``tuned`` (default) or ``legacy``."""
     return _choice("POLYATTN_TRITON_TABLE", TABLES)
 
 
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
 def grid_order() -> str:
     """``POLYATTN_TRITON_GRID``: ``blocks`` (default: a head's blocks run together) or ``heads`` (the old order)."""
     return _choice("POLYATTN_TRITON_GRID", GRID_ORDERS)

@@ -371,3 +371,22 @@ def test_causal_half_precision():
     expected = causal_reference(*(x.detach().double() for x in (q, k, v)), "poly3")
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
     assert all(g.dtype == torch.float16 and g.isfinite().all() for g in _grads(out, (q, k, v)))
+
+
+def test_self_check_runs_outside_the_traced_region(monkeypatch):
+    """Under torch.compile the check runs once while the call is traced (fullgraph: no graph break) and
+    its verdict is a constant of the graph."""
+    from polyattn_lightning.attention import triton_selfcheck
+
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    calls, check = [], triton_selfcheck._self_check
+    monkeypatch.setattr(triton_selfcheck, "_self_check", lambda config, spec: calls.append(config) or check(config, spec))
+    relu = get_activation("relu")
+
+    def step(q):
+        return q * 2 if triton_selfcheck.triton_verified(q, q, q, relu, None, None, 0.0) else q * 3
+
+    q = torch.randn(1, 2, 80, 16)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(q), q * 2) and torch.equal(compiled(q + 1), (q + 1) * 2)
+    assert len(calls) == 1
