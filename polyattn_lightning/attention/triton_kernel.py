@@ -148,7 +148,7 @@ _TUNED = {
     ("forward", torch.float16, 64): LaunchConfig(128, 64, 8, 3),
     ("forward", torch.float16, 128): LaunchConfig(128, 64, 8, 2),
     ("forward", torch.float16, 256): LaunchConfig(64, 64, 8, 2),
-    ("forward", torch.float32, 32): LaunchConfig(32, 32, 4, 2),
+    ("forward", torch.float32, 32): LaunchConfig(32, 32, 8, 2),
     ("forward", torch.float32, 64): LaunchConfig(32, 32, 4, 2),
     ("forward", torch.float32, 128): LaunchConfig(32, 32, 8, 2),
     ("forward", torch.float32, 256): LaunchConfig(16, 32, 4, 1),
