@@ -1,8 +1,8 @@
 """The GPU path, checked in one command on a CUDA machine; results go to a folder.
 
-    PYTHONPATH=. python scripts/gpu_check.py OUTDIR        # from the repository root; < 5 min on one GPU
+    PYTHONPATH=. python scripts/gpu_check.py OUTDIR        # from the repository root; < 30 min cold on one GPU
 
-Needs only the project source on ``PYTHONPATH`` and whatever torch (>= 2.11),
+Needs only the project source on ``PYTHONPATH`` and whatever torch (>= 2.6),
 triton, timm and pytest the machine has; a part whose packages are missing is
 skipped and the summary says which and why. Parts, each in a subprocess with
 its own time limit (a part that hangs or crashes does not take the others
@@ -18,10 +18,25 @@ along):
 3. ``vit``: one ViT-S/16 training step (batch 64, 224 px, AdamW, bf16 autocast),
    softmax vs poly3, eager and under ``torch.compile``: median step time, peak
    memory, graph breaks.
+4. ``timing``: what the offline compile (``bench triton-static``) cannot
+   settle, poly3 forward+backward at 8 x 6 x 4096 x 64 (``TIMING_SHAPE``):
+   bf16 vs fp16 (products on TF32, and on IEEE fp32 as the legacy table had
+   them); fp32 at ``'highest'`` (IEEE; ``auto`` runs the blocked kernel) vs
+   ``'high'`` (tf32x3) vs ``'medium'`` (tf32); dropout 0 vs 0.1, one dropout
+   call under ``torch.cuda.set_sync_debug_mode("warn")`` (a host sync warns);
+   the legacy launch table and grid order vs the new (``POLYATTN_TRITON_TABLE``,
+   ``POLYATTN_TRITON_GRID``). The Triton self-check is off here
+   (``POLYATTN_TRITON_SELFCHECK=0``): the ``tests`` part checks the values.
+
+Cold compiles: some 150 Triton compiles of 0.5-6 s each happen on first use, so
+each part's limit (``LIMITS``) leaves room for them; every timed case runs once
+untimed first (the warm-up that compiles it).
 
 Writes ``OUTDIR/gpu_check.json`` (machine, versions, every part's status and
 numbers), ``OUTDIR/summary.txt`` (short text), ``OUTDIR/bench.json``,
-``OUTDIR/tests.log`` and ``OUTDIR/vit.json``.
+``OUTDIR/tests.log``, ``OUTDIR/vit.json`` and ``OUTDIR/timing.json``.
+``--dry-run`` runs the timing cases on CPU at a tiny shape (no GPU needed;
+what the test suite checks).
 
 Exit status: 0 every part that could run passed; 1 a part failed or timed out;
 2 no CUDA GPU is visible (nothing was checked); 3 bad usage.
@@ -41,9 +56,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "bench", "vit")
-#: Seconds per part; together well under 5 minutes on an H100/H200 (the Triton and inductor compiles dominate).
-LIMITS = {"tests": 150, "bench": 100, "vit": 200}
+PARTS = ("tests", "bench", "vit", "timing")
+#: Seconds per part, cold Triton and inductor compiles included (they dominate: ~150 Triton compiles of
+#: 0.5-6 s in the tests alone).
+LIMITS = {"tests": 900, "bench": 300, "vit": 400, "timing": 600}
+TIMING_SHAPE = (8, 6, 4096, 64)
 BENCH_SHAPES = "32x6x197x64,8x6x1024x64,2x6x4096x64,1x6x16384x64"
 NO_GPU = 2
 
@@ -207,6 +224,83 @@ def vit_step(path: Path, device: str = "cuda", model_name: str = "vit_small_patc
     path.write_text(json.dumps(runs, indent=1))
 
 
+def part_timing(env: dict, out: Path) -> dict:
+    if env["triton"] is None:
+        return {"status": "skipped", "reason": "triton not installed: the Triton kernel is what this times"}
+    result = _run([sys.executable, str(Path(__file__).resolve()), "--timing", str(out / "timing.json")],
+                  LIMITS["timing"])
+    if (out / "timing.json").exists():
+        result["cases"] = json.loads((out / "timing.json").read_text())
+    return result
+
+
+#: ``label -> (dtype, kernel, float32 matmul precision, dropout_p, POLYATTN_TRITON_TABLE, POLYATTN_TRITON_GRID)``.
+TIMING_CASES = {
+    "bf16": ("bfloat16", "triton", "highest", 0.0, "tuned", "blocks"),
+    "fp16 (TF32 products)": ("float16", "triton", "highest", 0.0, "tuned", "blocks"),
+    "fp16 (IEEE products, legacy table)": ("float16", "triton", "highest", 0.0, "legacy", "blocks"),
+    "fp32 highest (auto: blocked)": ("float32", "auto", "highest", 0.0, "tuned", "blocks"),
+    "fp32 highest (triton, ieee)": ("float32", "triton", "highest", 0.0, "tuned", "blocks"),
+    "fp32 high (tf32x3)": ("float32", "triton", "high", 0.0, "tuned", "blocks"),
+    "fp32 medium (tf32)": ("float32", "triton", "medium", 0.0, "tuned", "blocks"),
+    "bf16 dropout 0.1": ("bfloat16", "triton", "highest", 0.1, "tuned", "blocks"),
+    "bf16 legacy table, heads-first grid": ("bfloat16", "triton", "highest", 0.0, "legacy", "heads"),
+    "bf16 new table, heads-first grid": ("bfloat16", "triton", "highest", 0.0, "tuned", "heads"),
+}
+
+
+def timing_cases(path: Path, device: str = "cuda", shape: tuple[int, int, int, int] = TIMING_SHAPE,
+                 repeats: int = 10) -> None:
+    """Median poly3 forward+backward of each ``TIMING_CASES`` entry (round-robin, after a compiling warm-up),
+    and whether a dropout call synchronises the host; ``device``/``shape`` only so that CPU can smoke-test it."""
+    import warnings
+
+    import torch
+
+    from polyattn_lightning.attention import attention
+    from polyattn_lightning.bench.timing import interleaved
+
+    os.environ["POLYATTN_TRITON_SELFCHECK"] = "0"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(shape, generator=g) for _ in range(3)]
+
+    def case(label):
+        dtype, kernel, precision, dropout_p, table, grid = TIMING_CASES[label]
+        q, k, v = (x.to(device, getattr(torch, dtype)).requires_grad_() for x in base)
+        if device != "cuda":
+            kernel = "auto"  # the dry run: whatever runs on CPU
+
+        def step(_):
+            previous = torch.get_float32_matmul_precision()
+            os.environ.update(POLYATTN_TRITON_TABLE=table, POLYATTN_TRITON_GRID=grid)
+            torch.set_float32_matmul_precision(precision)
+            try:
+                attention(q, k, v, "poly3", dropout_p=dropout_p, kernel=kernel).float().sum().backward()
+                sync()
+            finally:
+                torch.set_float32_matmul_precision(previous)
+        return step
+
+    times = interleaved({label: case(label) for label in TIMING_CASES}, repeats)
+    base_ms = statistics.median(times["bf16"]) * 1e3
+    results = {label: {"median_ms": round(statistics.median(t) * 1e3, 3),
+                       "vs_bf16": round(statistics.median(t) * 1e3 / base_ms, 3)} for label, t in times.items()}
+    step = case("bf16 dropout 0.1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(0)
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    results["bf16 dropout 0.1"]["host_syncs"] = syncs
+    path.write_text(json.dumps({"shape": list(shape), "device": device, "cases": results}, indent=1))
+
+
 def summary_text(report: dict) -> str:
     env = report["environment"]
     lines = [f"GPU check {report['finished']}: {report['verdict']}"]
@@ -233,6 +327,9 @@ def summary_text(report: dict) -> str:
                              f"peak {run['peak_gib']} GiB, graph breaks {run['graph_breaks']}")
             else:
                 lines.append(f"    {run['run']}: {run['status']} ({run.get('reason')})")
+        for label, case in ((part.get("cases") or {}).get("cases") or {}).items():
+            lines.append(f"    {label}: {case['median_ms']} ms fwd+bwd ({case['vs_bf16']}x bf16)"
+                         + (f", host syncs: {len(case['host_syncs'])}" if "host_syncs" in case else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -241,12 +338,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path, help="folder for gpu_check.json, summary.txt and the parts' files")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--vit-step", action="store_true", help=argparse.SUPPRESS)  # the vit part's subprocess
+    parser.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)  # the timing part's subprocess
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run the timing cases on CPU at a tiny shape into OUTDIR/timing.json (no GPU)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return 3 if exit_.code else 0
     if args.vit_step:
         vit_step(args.outdir)
+        return 0
+    if args.timing:
+        timing_cases(args.outdir)
+        return 0
+    if args.dry_run:
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        timing_cases(args.outdir / "timing.json", device="cpu", shape=(1, 2, 40, 16), repeats=1)
+        print(summary_text({"finished": "dry run", "verdict": "DRY RUN on CPU", "environment": environment(),
+                            "parts": {"timing": {"status": "ran", "cases": json.loads(
+                                (args.outdir / "timing.json").read_text())}}}), end="")
         return 0
     parts = args.parts.split(",")
     if not set(parts) <= set(PARTS):
@@ -262,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         report["verdict"] = "NO GPU: nothing checked"
         code = NO_GPU
     else:
-        if tuple(int(x) for x in env["torch"].split("+")[0].split(".")[:2]) < (2, 11):
-            print(f"warning: torch {env['torch']} is older than the 2.11 this check was written for", file=sys.stderr)
-        runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit}
+        if tuple(int(x) for x in env["torch"].split("+")[0].split(".")[:2]) < (2, 6):
+            print(f"warning: torch {env['torch']} is older than the 2.6 the package needs", file=sys.stderr)
+        runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit, "timing": part_timing}
         for name in parts:
             print(f"[gpu_check] {name} ...", flush=True)
             report["parts"][name] = runners[name](env, args.outdir)

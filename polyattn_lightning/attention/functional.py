@@ -7,8 +7,12 @@ Dispatch, in order:
    form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d); causal too, as chunked
    prefix sums of ``k^T v`` (still linear time, exact).
 3. A built-in elementwise activation -> a fused kernel (masks, score bias and
-   in-kernel dropout included): Triton on CUDA, C++ on CPU. Where Triton cannot
-   compile for the GPU, a warning names the error once and step 4 runs instead.
+   in-kernel dropout included): Triton on CUDA, C++ on CPU. Each Triton launch
+   configuration is checked once against the blocked kernel first
+   (``triton_selfcheck.py``); where it fails (or cannot compile for the GPU), a
+   warning names the configuration and the error once and step 4 runs instead.
+   fp32 inputs on CUDA at ``torch.get_float32_matmul_precision() == 'highest'``
+   (the default) go to step 4 too: Triton has no IEEE fp32 tensor cores, cuBLAS does it better.
 4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
 """
 from __future__ import annotations
@@ -74,7 +78,7 @@ def attention(
     if kernel == "auto":
         # ``allowed`` is a key-padding mask only when no attn_mask was merged into it
         key_padding_only = key_padding_mask if attn_mask is None else None
-        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only, masks.causal)
+        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only, masks.causal, k, v)
     from . import kernels  # late import: it loads the Triton and C++ kernel modules (triton takes seconds to import)
 
     return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p, causal=masks.causal)
@@ -116,18 +120,22 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask, causal: int | None = None) -> str:
+def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask, causal: int | None = None, k=None,
+                 v=None) -> str:
     """``key_padding_mask`` is given only when ``allowed`` holds nothing else (no attn_mask);
-    ``causal`` is the causal offset (``Masks.causal``) or None."""
+    ``causal`` is the causal offset (``Masks.causal``) or None; ``k`` and ``v`` default to ``q``'s shape."""
     pairwise_mask = allowed is not None and key_padding_mask is None
     if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
         return "associative"  # causal too: chunked prefix sums, linear time
     from .fused_cpu import fused_cpu_supports
-    from .triton_kernel import triton_compiles, triton_supports
+    from .triton_kernel import triton_preferred, triton_supports
 
-    has_mask, has_bias, dropout = allowed is not None, attn_bias is not None, dropout_p > 0
-    if triton_supports(q, act) and triton_compiles(q, act, has_mask, has_bias, dropout, causal is not None):
-        return "triton"
+    if triton_supports(q, act) and triton_preferred(q):
+        from .triton_selfcheck import triton_verified
+
+        k = q if k is None else k
+        if triton_verified(q, k, k if v is None else v, act, allowed, attn_bias, dropout_p, causal):
+            return "triton"
     if fused_cpu_supports(q, act):  # with in-kernel dropout
         return "fused_cpu"
     return "blocked"

@@ -18,9 +18,12 @@ Causal (``causal``, the diagonal offset ``Nk - Nq``): the kernel never computes
 a tile wholly above the diagonal and masks the tiles the diagonal crosses from
 their coordinates; no causal mask tensor exists (``csrc/fused_cpu.cpp``).
 
-Dropout RNG scheme (the Triton kernel mirrors it): one 64-bit ``seed`` per call,
+Dropout RNG scheme (the Triton kernel uses the same one): one 64-bit ``seed`` per call,
 drawn from torch's default CPU generator (``draw_seed``), so a seeded run
-repeats and a restored RNG state (ExactResume) continues it exactly. Entry
+repeats and a restored RNG state (ExactResume) continues it exactly. (The
+Triton kernel draws its seed on the CUDA device, from that device's generator,
+to spare a host copy: for the same ``torch.manual_seed`` the two kernels drop
+different pairs.) Entry
 (query ``i``, key ``j``) of flattened head ``bh = b * H + h`` is kept iff::
 
     philox4x32_10(key=(seed & 0xffffffff, seed >> 32),

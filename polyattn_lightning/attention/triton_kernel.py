@@ -17,42 +17,68 @@ diagonal, so tiles above it are never computed, and only those it crosses are ma
 broadcast strides, its gradient summed over the dimensions it broadcasts
 along), attention dropout, ragged lengths and ``Nq != Nk``.
 
-Dropout follows the C++ kernel's scheme exactly (``fused_cpu.py``): one 64-bit
-seed per call from torch's default CPU generator; pair (query ``i``, key ``j``)
-of flattened head ``bh`` is kept iff word ``j % 4`` of
-``tl.philox(seed, j // 4, i, bh, 0)`` (Philox4x32-10) is ``>= floor(p * 2**32)``.
-No mask is stored: each kernel regenerates it. With the same seed both kernels
-drop the same pairs.
+Dropout: pair (query ``i``, key ``j``) of flattened head ``bh`` is kept iff
+word ``j % 4`` of ``tl.philox(seed, j // 4, i, bh, 0)`` (Philox4x32-10) is
+``>= floor(p * 2**32)``, the scheme of the C++ kernel (``fused_cpu.py``). Each
+Philox call yields the four words of four neighbouring keys. No mask is
+stored: each kernel regenerates it. The 64-bit seed is drawn per call on
+``q``'s device (``draw_seed``: CUDA's default generator, so no host copy and no
+stream sync, and safe under CUDA-graph capture); the C++ kernel draws its seed
+from the CPU generator, so the two kernels do not drop the same pairs for the
+same ``torch.manual_seed`` (each repeats itself; ExactResume restores both
+generators).
 
 The bias gradient is written as a ``(B*H, Nq, Nk)`` fp32 buffer by the ``dQ``
 kernel and then summed over the bias's broadcast dimensions: O(B H Nq Nk)
 memory, only when the bias requires grad (Swin's 7x7 windows: small).
 
-Precision: ``q k^T`` runs on the operands' dtype with fp32 accumulation. The
-other products take bf16 operands for bf16 inputs and fp32 otherwise: fp16's
-range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``). fp32
-products use TF32 only if ``torch.backends.cuda.matmul.allow_tf32`` says so.
+Precision of the six products (``q k^T``, ``P V``, ``P^T dO``, ``dO V^T``,
+``dS^T q``, ``dS k``), all accumulated in fp32:
+
+============  ==========================  =====================================
+inputs        ``q k^T``                   the other five
+============  ==========================  =====================================
+bf16          bf16 tensor cores           bf16 tensor cores
+fp16          fp16 tensor cores           TF32 tensor cores on fp32 operands
+fp32          ``fp32_precision()``        ``fp32_precision()``
+============  ==========================  =====================================
+
+fp16's range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``),
+so fp16 inputs keep those products on fp32 operands, in TF32 (fp32's range,
+fp16's 10-bit mantissa). fp32 inputs follow
+``torch.get_float32_matmul_precision()``: ``'highest'`` (PyTorch's default) is
+IEEE fp32, which Triton runs without tensor cores, so ``attention()``'s
+``auto`` then picks the blocked kernel (cuBLAS); ``'high'`` is ``tf32x3``
+(three TF32 products, about fp32 accuracy) and ``'medium'`` is ``tf32``.
+
+Launches: a 1-D grid whose program id runs over a head's query (or key)
+blocks first, so the programs running at the same time share one head's K and
+V in L2 (and B*H is not capped by CUDA's 65535 on grid axes 1 and 2). Tiles
+per kernel, dtype and head dim come from ``_TUNED`` (sized offline for A100's
+and Hopper's shared memory and registers: ``python -m polyattn_lightning.bench
+triton-static``); ``POLYATTN_TRITON_TABLE=legacy`` selects the table before
+that (``_LEGACY``) and ``POLYATTN_TRITON_GRID=heads`` the old grid order
+(heads fastest), until ``scripts/gpu_check.py`` has timed old against new.
 
 The launches are ``torch.library.triton_op`` operators (``polyattn::triton_forward``
 and ``polyattn::triton_backward``), so ``torch.compile`` can see through them
 without a graph break (``test_triton_cuda.py`` checks this on a GPU; the
-interpreter cannot be traced by torch.compile). ``triton_compiles`` runs the three kernels once per
-configuration on tiny inputs: where Triton cannot compile them for the GPU
-(an old architecture, a Triton error), ``attention()`` warns once, naming the
-error, and uses the blocked kernel instead.
+interpreter cannot be traced by torch.compile). They run under a device
+guard: on ``q``'s CUDA device, whatever the current one. ``attention()``
+checks each compiled configuration once against the blocked kernel before
+trusting it (``triton_selfcheck.py``).
 
 Status: tested under ``TRITON_INTERPRET=1`` (the CPU interpreter) against the
-reference; NOT YET RUN ON A GPU. The block sizes, warps and stages in
-``_CONFIGS`` are starting points, not measurements (``scripts/gpu_check.py``
-is the prepared check). The interpreter multiplies bf16 as raw integers, so
-under it bf16 products run on fp32 operands (bf16 loads, stores and casts are
-still exercised).
+reference and compiled offline for sm_80 and sm_90 (``triton_static.py``); NOT
+YET RUN ON A GPU (``scripts/gpu_check.py`` is the prepared check). The
+interpreter multiplies bf16 as raw integers, so under it bf16 products run on
+fp32 operands (bf16 loads, stores and casts are still exercised).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -66,6 +92,8 @@ except ImportError:  # CPU-only installs: the blocked kernel runs instead
     triton = None
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: ``torch.get_float32_matmul_precision()`` -> Triton's ``input_precision`` for fp32 operands.
+FP32_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
 
 
 def interpreting() -> bool:
@@ -73,9 +101,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
+def fp32_precision() -> str:
+    """``input_precision`` of fp32 products: ``ieee``, ``tf32x3`` or ``tf32`` (see the module's table)."""
+    return FP32_PRECISION[torch.get_float32_matmul_precision()]
+
+
 def triton_supports(q: Tensor, act) -> bool:
     """Whether ``attention()`` may use this kernel: Triton importable, a known form, a supported dtype,
-    and CUDA tensors (or CPU tensors under the interpreter). ``triton_compiles`` says whether it builds."""
+    and CUDA tensors (or CPU tensors under the interpreter)."""
     return (
         triton is not None
         and (q.is_cuda or interpreting())
@@ -83,6 +117,12 @@ def triton_supports(q: Tensor, act) -> bool:
         and q.dtype in _DTYPES
         and q.shape[-1] <= 256
     )
+
+
+def triton_preferred(q: Tensor) -> bool:
+    """Whether ``auto`` should pick Triton over the blocked kernel: not for fp32 on CUDA at ``'highest'``
+    precision, where Triton has no tensor cores and the blocked kernel runs on cuBLAS."""
+    return not (q.dtype == torch.float32 and q.is_cuda and fp32_precision() == "ieee")
 
 
 class LaunchConfig(NamedTuple):
@@ -94,11 +134,56 @@ class LaunchConfig(NamedTuple):
     num_stages: int
 
 
-#: ``(kernel, operand dtype is 16-bit, head dim bucket) -> LaunchConfig``; the bucket is the padded
-#: head dim rounded up to 64, 128 or 256. NOT MEASURED ON A GPU: starting points after the Triton
-#: FlashAttention tutorial (16-bit: 128x64 forward tiles, 4 warps, 3 stages for d <= 64; fp32 operands
-#: take twice the registers and shared memory, so half the tiles). scripts/gpu_check.py times them.
-_CONFIGS = {
+KERNELS = ("forward", "backward_kv", "backward_q")
+#: ``(kernel, dtype, head-dim bucket) -> LaunchConfig``, the bucket being ``max(d, dv)`` rounded up to
+#: 32, 64, 128 or 256. Sized offline (``bench triton-static``): shared memory within A100's 166,912 B
+#: and Hopper's 232,448 B, every product on tensor cores, no spills (<= 1 KB with mask + bias + dropout).
+#: NOT TIMED on a GPU (``scripts/gpu_check.py`` times it against ``_LEGACY``).
+_TUNED = {
+    ("forward", torch.bfloat16, 32): LaunchConfig(128, 64, 4, 3),
+    ("forward", torch.bfloat16, 64): LaunchConfig(128, 64, 8, 3),
+    ("forward", torch.bfloat16, 128): LaunchConfig(128, 64, 8, 2),
+    ("forward", torch.bfloat16, 256): LaunchConfig(64, 64, 8, 2),
+    ("forward", torch.float16, 32): LaunchConfig(128, 64, 4, 3),
+    ("forward", torch.float16, 64): LaunchConfig(128, 64, 8, 3),
+    ("forward", torch.float16, 128): LaunchConfig(128, 64, 8, 2),
+    ("forward", torch.float16, 256): LaunchConfig(64, 64, 8, 2),
+    ("forward", torch.float32, 32): LaunchConfig(32, 32, 8, 2),
+    ("forward", torch.float32, 64): LaunchConfig(32, 32, 4, 2),
+    ("forward", torch.float32, 128): LaunchConfig(32, 32, 8, 2),
+    ("forward", torch.float32, 256): LaunchConfig(16, 32, 4, 1),
+    ("backward_kv", torch.bfloat16, 32): LaunchConfig(64, 64, 4, 2),
+    ("backward_kv", torch.bfloat16, 64): LaunchConfig(32, 32, 4, 2),
+    ("backward_kv", torch.bfloat16, 128): LaunchConfig(32, 64, 8, 2),
+    ("backward_kv", torch.bfloat16, 256): LaunchConfig(32, 64, 8, 2),
+    ("backward_kv", torch.float16, 32): LaunchConfig(64, 64, 4, 2),
+    ("backward_kv", torch.float16, 64): LaunchConfig(32, 32, 4, 2),
+    ("backward_kv", torch.float16, 128): LaunchConfig(32, 64, 8, 2),
+    ("backward_kv", torch.float16, 256): LaunchConfig(32, 64, 8, 2),
+    ("backward_kv", torch.float32, 32): LaunchConfig(32, 16, 4, 2),
+    ("backward_kv", torch.float32, 64): LaunchConfig(32, 32, 4, 2),
+    ("backward_kv", torch.float32, 128): LaunchConfig(16, 16, 4, 2),
+    ("backward_kv", torch.float32, 256): LaunchConfig(16, 16, 4, 1),
+    ("backward_q", torch.bfloat16, 32): LaunchConfig(64, 64, 4, 2),
+    ("backward_q", torch.bfloat16, 64): LaunchConfig(64, 64, 4, 2),
+    ("backward_q", torch.bfloat16, 128): LaunchConfig(64, 32, 8, 2),
+    ("backward_q", torch.bfloat16, 256): LaunchConfig(64, 32, 8, 2),
+    ("backward_q", torch.float16, 32): LaunchConfig(64, 64, 4, 2),
+    ("backward_q", torch.float16, 64): LaunchConfig(64, 64, 4, 2),
+    ("backward_q", torch.float16, 128): LaunchConfig(32, 64, 8, 2),
+    ("backward_q", torch.float16, 256): LaunchConfig(64, 32, 8, 2),
+    ("backward_q", torch.float32, 32): LaunchConfig(32, 32, 4, 2),
+    ("backward_q", torch.float32, 64): LaunchConfig(32, 64, 4, 2),
+    ("backward_q", torch.float32, 128): LaunchConfig(16, 32, 4, 2),
+    ("backward_q", torch.float32, 256): LaunchConfig(16, 32, 4, 1),
+}
+#: Short windows (Swin's 7 x 7 = 49 tokens; both lengths <= 64): one 64-query block, 32-key steps,
+#: instead of a 128 x 64 tile that is mostly padding.
+SHORT = 64
+_SHORT = {kernel: LaunchConfig(64, 32, 4, 2) for kernel in KERNELS}
+#: The table before the offline check (``POLYATTN_TRITON_TABLE=legacy``): ``(forward or backward,
+#: operands 16-bit, bucket 64/128/256)``; both backward kernels share the backward entry.
+_LEGACY = {
     ("forward", True, 64): LaunchConfig(128, 64, 4, 3),
     ("forward", True, 128): LaunchConfig(128, 64, 8, 2),
     ("forward", True, 256): LaunchConfig(64, 32, 8, 1),
@@ -112,13 +197,40 @@ _CONFIGS = {
     ("backward", False, 128): LaunchConfig(32, 32, 4, 1),
     ("backward", False, 256): LaunchConfig(32, 32, 4, 1),
 }
+TABLES = ("tuned", "legacy")
+GRID_ORDERS = ("blocks", "heads")
 
 
-def launch_config(kernel: str, dtype: torch.dtype, d: int, dv: int) -> LaunchConfig:
-    """The table entry for ``kernel`` (``forward`` or ``backward``) at this dtype and head dims."""
+def _choice(variable: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(variable, allowed[0])
+    if value not in allowed:
+        raise ValueError(f"{variable}={value!r}: expected one of {allowed}")
+    return value
+
+
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
+def launch_table() -> str:
+    """``POLYATTN_TRITON_TABLE``: ``tuned`` (default) or ``legacy``."""
+    return _choice("POLYATTN_TRITON_TABLE", TABLES)
+
+
+@torch.compiler.assume_constant_result  # read once per trace: a constant of the graph
+def grid_order() -> str:
+    """``POLYATTN_TRITON_GRID``: ``blocks`` (default: a head's blocks run together) or ``heads`` (the old order)."""
+    return _choice("POLYATTN_TRITON_GRID", GRID_ORDERS)
+
+
+def launch_config(kernel: str, dtype: torch.dtype, d: int, dv: int, nq: int, nk: int,
+                  table: str | None = None) -> LaunchConfig:
+    """The tile config of ``kernel`` (one of ``KERNELS``) for these operands."""
     width = max(d, dv)
-    bucket = 64 if width <= 64 else 128 if width <= 128 else 256
-    return _CONFIGS[(kernel, dtype in (torch.float16, torch.bfloat16), bucket)]
+    if (table or launch_table()) == "legacy":
+        bucket = 64 if width <= 64 else 128 if width <= 128 else 256
+        return _LEGACY[(kernel if kernel == "forward" else "backward", dtype != torch.float32, bucket)]
+    if max(nq, nk) <= SHORT:
+        return _SHORT[kernel]
+    bucket = 32 if width <= 32 else 64 if width <= 64 else 128 if width <= 128 else 256
+    return _TUNED[(kernel, dtype, bucket)]
 
 
 if triton is not None:
@@ -158,21 +270,23 @@ if triton is not None:
         return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
 
     @triton.jit
-    def _keep(seed, threshold, bh, offs_m, offs_n):
-        """Dropout's keep decisions for a block: word ``j % 4`` of ``philox(seed, j // 4, i, bh, 0)`` >= threshold."""
-        rows = offs_m[:, None] + offs_n[None, :] * 0
+    def _keep(seed, threshold, bh, offs_m, start, BLOCK_N: tl.constexpr):
+        """Dropout's keep decisions for keys ``start + [0, BLOCK_N)``: word ``j % 4`` of
+        ``philox(seed, j // 4, i, bh, 0)`` >= threshold, one Philox call per four keys."""
+        groups = start // 4 + tl.arange(0, BLOCK_N // 4)
+        rows = offs_m[:, None] + groups[None, :] * 0
         zero = rows * 0
-        r0, r1, r2, r3 = tl.philox(seed, offs_n[None, :] // 4 + zero, rows, zero + bh, zero)
-        lane = offs_n[None, :] % 4 + zero
-        word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
-        return word >= threshold.to(tl.uint32)
+        r0, r1, r2, r3 = tl.philox(seed, groups[None, :] + zero, rows, zero + bh, zero)
+        # join(join(r0, r2), join(r1, r3))[i, g, b, a] is word 2 b + a: row-major, it is key 4 g + 2 b + a
+        words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (offs_m.shape[0], BLOCK_N))
+        return words >= threshold.to(tl.uint32)
 
     @triton.jit
-    def _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
+    def _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
                 seed, threshold, OFFSET, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-                CAUSAL: tl.constexpr, QK: tl.constexpr, PRECISION: tl.constexpr):
+                CAUSAL: tl.constexpr, QK: tl.constexpr, QK_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
         """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, causal, dropout)."""
-        z = _mm(q, tl.trans(k), QK, PRECISION) * t + shift[:, None]
+        z = _mm(q, tl.trans(k), QK, QK_PRECISION) * t + shift[:, None]
         valid = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
@@ -183,8 +297,18 @@ if triton is not None:
             allowed = tl.load(mask_base + offs_m[:, None] * sm_q + offs_n[None, :] * sm_k, mask=valid, other=0)
             valid = valid & (allowed != 0)
         if DROPOUT:
-            valid = valid & _keep(seed, threshold, bh, offs_m, offs_n)
+            valid = valid & _keep(seed, threshold, bh, offs_m, start, BLOCK_N)
         return z, valid
+
+    @triton.jit
+    def _program(Nrows, BLOCK: tl.constexpr, HEADS_FASTEST: tl.constexpr):
+        """``(flattened head, block)`` of this program on the 1-D grid of ``B*H x cdiv(Nrows, BLOCK)``."""
+        pid, blocks = tl.program_id(0), tl.cdiv(Nrows, BLOCK)
+        if HEADS_FASTEST:
+            heads = tl.num_programs(0) // blocks
+            return pid % heads, pid // heads
+        else:
+            return pid // blocks, pid % blocks
 
     @triton.jit
     def _head_extras(Mask, Bias, Seed, bh, H, sm_b, sm_h, sb_b, sb_h, DROPOUT: tl.constexpr):
@@ -216,19 +340,20 @@ if triton is not None:
         return q, c, tl.load(Shift + bh * Nq + offs_m, mask=rows_ok, other=0.0)
 
     @triton.jit
-    def _score_grad(z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr):
+    def _score_grad(z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr,
+                    PV_PRECISION: tl.constexpr):
         """``dS = phi'(z) * (c dO V^T)``, zero on pairs that do not count."""
-        return tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PRECISION)
+        return tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PV_PRECISION)
 
     @triton.jit
     def _forward(Q, K, V, Out, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
                  sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                  FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
-                 PRECISION: tl.constexpr,
+                 DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                 PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per query block: ``out = sum_k c phi(z) V``."""
-        bh, pid = tl.program_id(0), tl.program_id(1)
+        bh, pid = _program(Nq, BLOCK_M, HEADS_FASTEST)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
@@ -242,22 +367,24 @@ if triton is not None:
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
-            z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
+            z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
-            acc += _mm(p, v, PV, PRECISION)
+            acc += _mm(p, v, PV, PV_PRECISION)
         _store_rows(Out + bh.to(tl.int64) * Nq * DV, acc, offs_m, Nq, offs_dv, DV)
 
     @triton.jit
     def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
                      sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                      FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
-                     PRECISION: tl.constexpr,
+                     DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                     PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
-        bh, pid = tl.program_id(0), tl.program_id(1)
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        bh, pid = _program(Nk, BLOCK_N, HEADS_FASTEST)
+        start = pid * BLOCK_N
+        offs_n = start + tl.arange(0, BLOCK_N)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         k = _load_rows(K + bh.to(tl.int64) * Nk * D, offs_n, Nk, offs_d, D)
         v = _load_rows(V + bh.to(tl.int64) * Nk * DV, offs_n, Nk, offs_dv, DV)
@@ -267,16 +394,18 @@ if triton is not None:
         dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
         lo = 0
         if CAUSAL:  # no query before the first key's first reader
-            lo = tl.maximum(0, pid * BLOCK_N - OFFSET) // BLOCK_M * BLOCK_M
-        for start in range(lo, Nq, BLOCK_M):
-            offs_m = start + tl.arange(0, BLOCK_M)
+            lo = tl.maximum(0, start - OFFSET) // BLOCK_M * BLOCK_M
+        for row in range(lo, Nq, BLOCK_M):
+            offs_m = row + tl.arange(0, BLOCK_M)
             q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
             do_c = _load_rows(DO_head, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
-            z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
+            z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
-            dv += _mm(tl.trans(p), do_c, PV, PRECISION)
-            dk += _mm(tl.trans(_score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION)), q, PV, PRECISION)
+            dv += _mm(tl.trans(p), do_c, PV, PV_PRECISION)
+            ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
+            dk += _mm(tl.trans(ds), q, PV, PV_PRECISION)
         _store_rows(DK + bh.to(tl.int64) * Nk * D, dk * t, offs_n, Nk, offs_d, D)
         _store_rows(DV_ + bh.to(tl.int64) * Nk * DV, dv, offs_n, Nk, offs_dv, DV)
 
@@ -284,12 +413,12 @@ if triton is not None:
     def _backward_q(Q, K, V, DO, DQ, DBias, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
                     sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                     FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
-                    PRECISION: tl.constexpr,
+                    DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
+                    PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BIAS_GRAD: tl.constexpr):
         """Per query block: ``dQ = t sum_k dS K``; with ``BIAS_GRAD`` also writes ``dS`` (the bias gradient)."""
-        bh, pid = tl.program_id(0), tl.program_id(1)
+        bh, pid = _program(Nq, BLOCK_M, HEADS_FASTEST)
         offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
@@ -305,13 +434,14 @@ if triton is not None:
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
-            z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
-            ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION)
+            z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
+                               sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
+                               QK_PRECISION, BLOCK_N)
+            ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
             if BIAS_GRAD:
                 inside = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
                 tl.store(DS_head + offs_m[:, None] * Nk + offs_n[None, :], ds, mask=inside)
-            dq += _mm(ds, k, PV, PRECISION)
+            dq += _mm(ds, k, PV, PV_PRECISION)
         _store_rows(DQ + bh.to(tl.int64) * Nq * D, dq * t, offs_m, Nq, offs_d, D)
 
 
@@ -322,6 +452,20 @@ def _tl_dtype(dtype: torch.dtype):
     return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
 
 
+def product_types(dtype: torch.dtype) -> dict:
+    """The products' operand dtypes and ``input_precision`` for ``dtype`` inputs (the module's table)."""
+    fp32 = fp32_precision()
+    if launch_table() == "legacy":  # as before the offline check: fp32 operands on TF32 only if allow_tf32 says so
+        fp32 = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+        if dtype == torch.float16:
+            return dict(QK=_tl_dtype(dtype), QK_PRECISION="ieee", PV=tl.float32, PV_PRECISION=fp32)
+    if dtype == torch.float16:
+        return dict(QK=_tl_dtype(dtype), QK_PRECISION="ieee", PV=tl.float32, PV_PRECISION="tf32")
+    if dtype == torch.bfloat16:
+        return dict(QK=_tl_dtype(dtype), QK_PRECISION="ieee", PV=_tl_dtype(dtype), PV_PRECISION="ieee")
+    return dict(QK=tl.float32, QK_PRECISION=fp32, PV=tl.float32, PV_PRECISION=fp32)
+
+
 def _broadcast_strides(x: Tensor | None) -> tuple[int, int, int, int]:
     """Element strides of a 4-D mask or bias, 0 along the dimensions it broadcasts along (size 1)."""
     if x is None:
@@ -329,30 +473,71 @@ def _broadcast_strides(x: Tensor | None) -> tuple[int, int, int, int]:
     return tuple(0 if size == 1 else stride for size, stride in zip(x.shape, x.stride()))
 
 
-def _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal):
+class Launch(NamedTuple):
+    """One kernel launch: the Triton function, its 1-D grid, runtime arguments, constexprs and tile config."""
+
+    kernel: object
+    grid: tuple[int]
+    args: tuple
+    meta: dict
+    config: LaunchConfig
+
+
+def _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal):
     """Runtime arguments after the block tensors, and the compile-time ones, shared by all three kernels."""
     nq, nk, d, dv = q3.shape[1], k3.shape[1], q3.shape[2], v3.shape[2]
     threshold = min(math.floor(dropout_p * 2**32), 2**32 - 1)
     args = (c, shift, q3 if mask is None else mask, q3 if bias is None else bias, q3 if seed is None else seed,
             t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias),
             0 if causal is None else causal)
-    dtype = q3.dtype
     meta = dict(
         FORM=form, POWER=power, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, DROPOUT=dropout_p > 0,
         CAUSAL=causal is not None,
-        QK=_tl_dtype(dtype), PV=_tl_dtype(torch.bfloat16 if dtype == torch.bfloat16 else torch.float32),
-        PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+        **product_types(q3.dtype), HEADS_FASTEST=grid_order() == "heads",
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
     )
     return args, meta
 
 
-def _launch(kernel, grid, args, meta, config: LaunchConfig) -> None:
-    """One kernel launch (the point where Triton compiles it on first use)."""
-    torch.library.wrap_triton(kernel)[grid](
-        *args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+def _launch(name: str, kernel, rows: int, q3, k3, v3, args, meta) -> Launch:
+    config = launch_config(name, q3.dtype, q3.shape[2], v3.shape[2], q3.shape[1], k3.shape[1])
+    block = config.block_n if name == "backward_kv" else config.block_m
+    grid = (q3.shape[0] * triton.cdiv(rows, block),)
+    return Launch(kernel, grid, args, {**meta, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, config)
+
+
+def forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
+                     causal) -> list[Launch]:
+    """The forward kernel's launch for contiguous ``(B*H, N, d)`` operands (mask/bias 4-D, broadcastable)."""
+    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
+    return [_launch("forward", _forward, q3.shape[1], q3, k3, v3, (q3, k3, v3, out, *args), meta)]
+
+
+def backward_launches(q3, k3, v3, do, dq, dk, dv, ds, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
+                      causal, bias_grad: bool) -> list[Launch]:
+    """The two backward kernels' launches; ``ds`` is the bias-gradient buffer (any tensor without ``bias_grad``)."""
+    args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
+    return [
+        _launch("backward_kv", _backward_kv, k3.shape[1], q3, k3, v3, (q3, k3, v3, do, dk, dv, *args), meta),
+        _launch("backward_q", _backward_q, q3.shape[1], q3, k3, v3, (q3, k3, v3, do, dq, ds, *args),
+                {**meta, "BIAS_GRAD": bias_grad}),
+    ]
+
+
+def _device_guard(x: Tensor):
+    """Triton launches on the current CUDA device: make it ``x``'s for the launches (not while tracing with
+    fake tensors, where nothing is launched)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.cuda.device(x.device) if x.is_cuda and not is_fake(x) else contextlib.nullcontext()
+
+
+def _run(launches: list[Launch]) -> None:
+    """The launches (where Triton compiles each on first use)."""
+    for launch in launches:
+        torch.library.wrap_triton(launch.kernel)[launch.grid](
+            *launch.args, **launch.meta, num_warps=launch.config.num_warps, num_stages=launch.config.num_stages,
+        )
 
 
 if triton is not None:
@@ -364,10 +549,10 @@ if triton is not None:
         causal: Optional[int] = None,
     ) -> Tensor:
         """``out (B*H, Nq, dv)`` from contiguous ``(B*H, N, d)`` operands; mask/bias 4-D, broadcastable."""
-        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
-        config = launch_config("forward", q3.dtype, q3.shape[2], v3.shape[2])
         out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
-        _launch(_forward, (q3.shape[0], triton.cdiv(q3.shape[1], config.block_m)), (q3, k3, v3, out, *args), meta, config)
+        with _device_guard(q3):
+            _run(forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
+                                  causal))
         return out
 
     @torch.library.triton_op("polyattn::triton_backward", mutates_args=())
@@ -377,43 +562,52 @@ if triton is not None:
         dropout_p: float, causal: Optional[int], bias_grad: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``dq, dk, dv`` and, with ``bias_grad``, ``dS`` as fp32 ``(B*H, Nq, Nk)`` (else an empty tensor)."""
-        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
-        config = launch_config("backward", q3.dtype, q3.shape[2], v3.shape[2])
         bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
         dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
         ds = (q3.new_zeros if causal is not None else q3.new_empty)(  # causal: skipped tiles stay 0
             (bh, nq, nk) if bias_grad else (0,), dtype=torch.float32
         )
-        _launch(_backward_kv, (bh, triton.cdiv(nk, config.block_n)), (q3, k3, v3, do, dk, dv, *args), meta, config)
-        _launch(_backward_q, (bh, triton.cdiv(nq, config.block_m)), (q3, k3, v3, do, dq, ds if bias_grad else dq, *args),
-                {**meta, "BIAS_GRAD": bias_grad}, config)
+        with _device_guard(q3):
+            _run(backward_launches(q3, k3, v3, do, dq, dk, dv, ds if bias_grad else dq, c, shift, mask, bias, seed,
+                                   heads, t, form, power, dropout_p, causal, bias_grad))
         return dq, dk, dv, ds
 
 
 def draw_seed(device: torch.device) -> Tensor:
-    """The dropout seed of one call as a one-element int64 tensor on ``device``, drawn from torch's default
-    CPU generator the way the C++ kernel draws it (``fused_cpu.draw_seed``), so both drop the same pairs."""
-    return torch.randint(2**63 - 1, (1,), dtype=torch.int64).to(device)
+    """The dropout seed of one call: a one-element int64 tensor drawn on ``device`` by its default generator
+    (on CUDA: no host copy, no stream sync, capturable in a CUDA graph)."""
+    return torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def kernel_operands(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None):
+    """``q, k, v`` as contiguous ``(B*H, N, d)`` in ``q``'s dtype, the mask as a 4-D uint8 view of ``allowed``
+    (its strides kept, no copy) and the bias as 4-D: what the operators get."""
+    q3, k3, v3 = (x.to(q.dtype).reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+    mask = None if allowed is None else _as_4d(allowed).view(torch.uint8)
+    return q3, k3, v3, mask, None if bias is None else _as_4d(bias)
 
 
 class TritonAttention(torch.autograd.Function):
     """``out = c(n) / (1 - p) * dropout(mask(f(S + b(n) + bias))) @ v`` on the Triton operators.
 
     Operands go in as contiguous ``(B*H, N, d)`` in ``q``'s dtype; the output
-    comes back in ``v``'s dtype and each gradient in its input's.
+    comes back in ``v``'s dtype and each gradient in its input's. ``seed``: the
+    dropout seed tensor (default: drawn by ``draw_seed``).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None):
+    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None,
+                seed: Tensor | None = None):
         B, H, nq, _ = q.shape
         nk, dv = k.shape[-2], v.shape[-1]
-        q3, k3, v3 = (x.to(q.dtype).reshape(B * H, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
+        q3, k3, v3, mask, bias4 = kernel_operands(q, k, v, allowed, bias)
         c, shift = act.per_row(n, (B, H, nq, nk), torch.float32)
         if dropout_p:
             c = c / (1.0 - dropout_p)
-        mask = None if allowed is None else _as_4d(allowed).to(torch.uint8)
-        bias4 = None if bias is None else _as_4d(bias)
-        seed = draw_seed(q.device) if dropout_p else None
+        if dropout_p and seed is None:
+            seed = draw_seed(q.device)
+        elif not dropout_p:
+            seed = None
         form, power = act.fused_form
         ctx.op_args = (H, float(t), form, power, float(dropout_p), causal)
         out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias4, seed, *ctx.op_args)
@@ -439,64 +633,11 @@ class TritonAttention(torch.autograd.Function):
             summed = ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4
             shape, dtype = ctx.inputs[3]
             dbias = summed.reshape(shape).to(dtype)
-        return (*grads, dbias, None, None, None, None, None, None)
+        return (*grads, dbias, None, None, None, None, None, None, None)
 
 
 def _as_4d(x: Tensor) -> Tensor:
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
-
-
-#: ``triton_compiles`` verdicts by configuration.
-_PROBED: dict[tuple, bool] = {}
-
-
-@torch.compiler.assume_constant_result
-def _compiles(device: str, dtype: torch.dtype, d: int, form: int, power: int, has_mask: bool, has_bias: bool,
-              dropout: bool, causal: bool) -> bool:
-    key = (device, dtype, d, form, power, has_mask, has_bias, dropout, causal)
-    if key not in _PROBED:
-        _PROBED[key] = _probe(*key)
-    return _PROBED[key]
-
-
-def triton_compiles(q: Tensor, act, has_mask: bool, has_bias: bool, dropout: bool, causal: bool = False) -> bool:
-    """Whether the kernels compile and run for this configuration (dtype, head dim, form, mask, bias, dropout,
-    causal).
-
-    Decided once per configuration and process, on tiny inputs (``v``'s head dim taken equal to ``q``'s);
-    where they fail, a warning names the error and ``attention()`` uses the blocked kernel instead.
-    """
-    form, power = act.fused_form
-    return _compiles(str(q.device), q.dtype, q.shape[-1], form, power, has_mask, has_bias, dropout, causal)
-
-
-def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout, causal) -> bool:
-    n = 16
-    try:
-        g = torch.Generator().manual_seed(0)  # the default generator is left alone: seeded runs stay repeatable
-        q3, k3, v3, do = (torch.randn(1, n, d, generator=g).to(device, dtype) for _ in range(4))
-        c, shift = torch.ones(1, n, device=device), torch.zeros(1, n, device=device)
-        mask = torch.ones(1, 1, 1, n, dtype=torch.uint8, device=device) if has_mask else None
-        bias = torch.zeros(1, 1, n, n, device=device) if has_bias else None
-        seed = torch.ones(1, dtype=torch.int64, device=device) if dropout else None
-        p = 0.1 if dropout else 0.0  # the usual attention dropout (Triton types its threshold as i32 then)
-        offset = 0 if causal else None
-        out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias, seed, 1, 1.0, form, power, p, offset)
-        grads = torch.ops.polyattn.triton_backward(q3, k3, v3, do, c, shift, mask, bias, seed, 1, 1.0, form, power,
-                                                   p, offset, has_bias)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        if not all(bool(x.isfinite().all()) for x in (out, *grads)):
-            raise FloatingPointError("non-finite result on finite inputs")
-    except Exception as error:  # a Triton compile error, out of resources, an unsupported GPU...
-        warnings.warn(
-            f"the Triton attention kernel does not run on this GPU for {dtype}, head dim {d}, form {form}/{power}, "
-            f"mask={has_mask}, bias={has_bias}, dropout={dropout}, causal={causal} ({type(error).__name__}: {error}); "
-            "attention falls back to the blocked PyTorch kernel (slower)",
-            stacklevel=4,
-        )
-        return False
-    return True
 
 
 def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:

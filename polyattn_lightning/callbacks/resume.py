@@ -21,7 +21,8 @@ LIMITS_KEY = "trainer_limits"
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """This process's torch (CPU and current CUDA device), numpy and python RNG states, as weights_only-loadable values."""
+    """This process's torch (CPU and every CUDA device's: the Triton kernel draws its dropout seed on the
+    tensors' device), numpy and python RNG states, as weights_only-loadable values."""
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -29,7 +30,7 @@ def capture_rng_state() -> dict[str, Any]:
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
@@ -40,7 +41,11 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        if isinstance(state["cuda"], torch.Tensor):  # checkpoints before per-device states: the current device's
+            torch.cuda.set_rng_state(state["cuda"])
+        else:
+            for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(device_state, device)
 
 
 class ExactResume(Callback):

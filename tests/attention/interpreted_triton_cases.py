@@ -63,27 +63,53 @@ def test_half_precision_with_key_padding(dtype):
     assert all(g.dtype == dtype and g.isfinite().all() for g in _grads(out, (q, k, v)))
 
 
-def test_grids_put_batch_times_heads_on_axis_0(monkeypatch):
-    """Regression: B*H was grid axis 1, which CUDA caps at 65535 (e.g. windowed attention, B x windows x heads)."""
+def test_grids_are_one_dimensional_over_heads_and_blocks(monkeypatch):
+    """B*H x blocks on one grid axis (CUDA caps axes 1 and 2 at 65535; windowed attention has more heads)."""
     from polyattn_lightning.attention import triton_kernel
 
-    grids, launch = {}, triton_kernel._launch
+    grids, run = {}, triton_kernel._run
 
-    def record(kernel, grid, *rest):
-        grids[kernel.fn.__name__] = tuple(grid)
-        return launch(kernel, grid, *rest)
+    def record(launches):
+        grids.update({launch.kernel.fn.__name__: (launch.grid, launch.config) for launch in launches})
+        return run(launches)
 
-    monkeypatch.setattr(triton_kernel, "_launch", record)
+    monkeypatch.setattr(triton_kernel, "_run", record)
     q, k, v = make_qkv(B=3, H=2, Nq=70, Nk=130, d=8, dv=8, dtype=torch.float32)
     out = attention(q, k, v, "poly3", kernel="triton")
     torch.testing.assert_close(out, reference_attention(q, k, v, "poly3"), rtol=1e-4, atol=1e-4)
     out.sum().backward()
-    forward, backward = (triton_kernel.launch_config(kind, torch.float32, 8, 8) for kind in ("forward", "backward"))
+    config = {name: triton_kernel.launch_config(name, torch.float32, 8, 8, 70, 130) for name in triton_kernel.KERNELS}
     assert grids == {
-        "_forward": (6, -(-70 // forward.block_m)),
-        "_backward_kv": (6, -(-130 // backward.block_n)),
-        "_backward_q": (6, -(-70 // backward.block_m)),
+        "_forward": ((6 * -(-70 // config["forward"].block_m),), config["forward"]),
+        "_backward_kv": ((6 * -(-130 // config["backward_kv"].block_n),), config["backward_kv"]),
+        "_backward_q": ((6 * -(-70 // config["backward_q"].block_m),), config["backward_q"]),
     }
+
+
+@pytest.mark.parametrize("table, order", [("legacy", "heads"), ("tuned", "heads"), ("legacy", "blocks")])
+def test_old_launch_table_and_grid_order_stay_selectable_and_right(monkeypatch, table, order):
+    """POLYATTN_TRITON_TABLE / POLYATTN_TRITON_GRID pick the table and grid order from before the offline check."""
+    from polyattn_lightning.attention import triton_kernel
+
+    monkeypatch.setenv("POLYATTN_TRITON_TABLE", table)
+    monkeypatch.setenv("POLYATTN_TRITON_GRID", order)
+    assert triton_kernel.launch_table() == table and triton_kernel.grid_order() == order
+    q, k, v = make_qkv(B=2, H=3, Nq=70, Nk=90, d=8, dv=8, dtype=torch.float32)
+    out = attention(q, k, v, "relu", kernel="triton")
+    expected = reference_attention(q, k, v, "relu")
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    for got, want in zip(_grads(out, (q, k, v)), _grads(expected, (q, k, v))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("POLYATTN_TRITON_GRID", "sideways")
+    with pytest.raises(ValueError, match="POLYATTN_TRITON_GRID='sideways'"):
+        attention(q, k, v, "relu", kernel="triton")
+
+
+def test_short_windows_get_the_small_tile():
+    from polyattn_lightning.attention import triton_kernel
+
+    assert triton_kernel.launch_config("forward", torch.bfloat16, 32, 32, 49, 49) == triton_kernel._SHORT["forward"]
+    assert triton_kernel.launch_config("forward", torch.bfloat16, 32, 32, 197, 197) != triton_kernel._SHORT["forward"]
 
 
 def _swin_inputs(dtype, windows=4, batch=2, heads=3, tokens=49, d=16):
@@ -155,13 +181,13 @@ def test_dropout_follows_the_documented_philox_scheme(name):
 
 def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     """A Triton error at the launch (what a GPU it cannot compile for raises) must not crash the run."""
-    from polyattn_lightning.attention import triton_kernel
+    from polyattn_lightning.attention import triton_kernel, triton_selfcheck
 
     def fail(*args, **kwargs):
         raise RuntimeError("injected: PTX assembly aborted due to errors")
 
-    monkeypatch.setattr(triton_kernel, "_launch", fail)
-    monkeypatch.setattr(triton_kernel, "_PROBED", {})
+    monkeypatch.setattr(triton_kernel, "_run", fail)
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
     q, k, v = make_qkv(B=1, H=2, Nq=30, Nk=30, d=16, dv=16, dtype=torch.float32)
     with pytest.warns(UserWarning, match="injected: PTX assembly aborted") as caught:
         out = attention(q, k, v, "relu")
@@ -177,6 +203,147 @@ def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):  # asked for by name, it is not silently replaced
         attention(q, k, v, "relu", kernel="triton")
 
+
+def _corrupt_forward(monkeypatch):
+    """Inject a wrong result: the forward's output comes back 10 % too large."""
+    from polyattn_lightning.attention import triton_kernel
+
+    run = triton_kernel._run
+
+    def wrong(launches):
+        run(launches)
+        if launches[0].kernel.fn.__name__ == "_forward":
+            launches[0].args[3].mul_(1.1)
+
+    monkeypatch.setattr(triton_kernel, "_run", wrong)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_wrong_result_fails_the_self_check_and_falls_back(monkeypatch, dropout_p):
+    from polyattn_lightning.attention import triton_selfcheck
+
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    q, k, v, bias, mask = _swin_inputs(torch.float32, windows=2, batch=1)
+    kwargs = dict(attn_mask=mask, attn_bias=bias, dropout_p=dropout_p)
+    assert _pick_kernel(q, get_activation("poly3"), mask == 0, bias, dropout_p, None) == "triton"  # a right kernel
+    _corrupt_forward(monkeypatch)
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    with pytest.warns(UserWarning, match=r"failed its self-check for Config\(dtype='float32', d=16, dv=16, "
+                      r"activation='poly3', mask=True, bias=True, bias_grad=True, dropout=" + str(dropout_p > 0)
+                      + r".*output differs from the blocked kernel's by 0.1"):
+        out = attention(q, k, v, "poly3", **kwargs)
+    if not dropout_p:  # the fallback kernel ran: right values
+        torch.testing.assert_close(out, reference_attention(q, k, v, "poly3", keep=mask == 0, bias=bias),
+                                   rtol=1e-4, atol=1e-4)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per configuration
+        attention(q, k, v, "poly3", **kwargs)
+    assert _pick_kernel(q, get_activation("poly3"), mask == 0, bias, dropout_p, None) != "triton"
+
+
+def test_self_check_runs_once_per_compiled_configuration(monkeypatch):
+    from polyattn_lightning.attention import triton_selfcheck
+
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    checks, check = [], triton_selfcheck._self_check
+
+    def counted(config, spec):
+        checks.append(config)
+        return check(config, spec)
+
+    monkeypatch.setattr(triton_selfcheck, "_self_check", counted)
+    relu = get_activation("relu")
+    q = torch.zeros(2, 2, 160, 16)
+    assert _pick_kernel(q, relu, None, None, 0.0, None) == "triton"
+    assert _pick_kernel(torch.zeros(2, 2, 176, 16), relu, None, None, 0.0, None) == "triton"  # same kernels
+    assert len(checks) == 1
+    others = [
+        (torch.zeros(2, 2, 161, 16), None, None),  # N not a multiple of 16
+        (torch.zeros(2, 2, 40, 16), None, None),  # the short-window tile
+        (torch.zeros(2, 1, 160, 16), None, None),  # one head
+        (q, torch.zeros(2, 2, 160, 32), None),  # v's head dim
+        (q, None, torch.zeros(1, 2, 160, 160)),  # a bias without gradient
+        (q, None, torch.zeros(1, 2, 160, 160, requires_grad=True)),  # the bias gradient
+    ]
+    for query, value, bias in others:
+        assert _pick_kernel(query, relu, None, bias, 0.0, None, None, query, value) == "triton"
+    assert len(checks) == 7
+    with torch.no_grad():  # no bias gradient: the kernels of the bias-without-gradient case
+        _pick_kernel(q, relu, None, torch.zeros(1, 2, 160, 160, requires_grad=True), 0.0, None)
+    assert len(checks) == 7
+    monkeypatch.setenv("POLYATTN_TRITON_GRID", "heads")
+    _pick_kernel(q, relu, None, None, 0.0, None)
+    assert len(checks) == 8 and checks[-1].grid == "heads"
+    monkeypatch.delenv("POLYATTN_TRITON_GRID")
+    monkeypatch.setenv("POLYATTN_TRITON_SELFCHECK", "0")
+    assert _pick_kernel(torch.zeros(2, 2, 160, 24), relu, None, None, 0.0, None) == "triton"
+    assert len(checks) == 8
+    monkeypatch.delenv("POLYATTN_TRITON_SELFCHECK")
+    monkeypatch.setattr(triton_selfcheck, "MEASURED", frozenset({checks[0]._replace(d=24, dv=24)}))
+    assert _pick_kernel(torch.zeros(2, 2, 160, 24), relu, None, None, 0.0, None) == "triton"
+    assert len(checks) == 8  # measured on a GPU: no self-check
+
+
+def test_self_check_problem_has_the_real_calls_specialisation(monkeypatch):
+    """The small problem runs the very binaries of the real call: Triton's specialisation of every argument."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    from polyattn_lightning.attention import triton_kernel, triton_selfcheck
+
+    seen = []
+    run = triton_kernel._run
+
+    def record(launches):
+        seen.append([(launch.kernel.fn.__name__, launch.config, tuple(
+            native_specialize_impl(CUDABackend, a, False, True, True) for a in launch.args)) for launch in launches])
+        return run(launches)
+
+    monkeypatch.setattr(triton_kernel, "_run", record)
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    q, k, v, bias, mask = _swin_inputs(torch.float32, windows=2, batch=1)
+    g = torch.Generator().manual_seed(0)
+    storage = torch.randn(2 * 3 * 49 * 16 + 1, generator=g)
+    shifted_q = storage[1:].view(2, 3, 49, 16).requires_grad_()  # 4 bytes off 16-byte alignment
+    cases = [dict(q=shifted_q, attn_mask=mask, attn_bias=bias, dropout_p=0.1),
+             dict(q=make_qkv(B=2, H=1, Nq=100, Nk=100, d=16, dv=16, dtype=torch.float32)[0],
+                  key_padding_mask=torch.zeros(2, 100, dtype=torch.bool))]
+    for case in cases:
+        query = case.pop("q")
+        keys = torch.randn(query.shape, generator=g).requires_grad_()
+        seen.clear()
+        out = attention(query, keys, keys, "poly3", **case)
+        out.sum().backward()
+        check_forward, check_backward, real_forward, real_backward = seen
+        assert check_forward == real_forward and check_backward == real_backward
+
+
+def test_launches_run_under_the_device_guard_of_their_operands(monkeypatch):
+    """Triton launches on the current CUDA device: the operators switch to the operands' device around them."""
+    from polyattn_lightning.attention import triton_kernel
+
+    events, guard, run = [], triton_kernel._device_guard, triton_kernel._run
+
+    class Recorded:
+        def __init__(self, x):
+            self.inner, self.device = guard(x), x.device
+
+        def __enter__(self):
+            events.append(("enter", self.device))
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            events.append(("exit", self.device))
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(triton_kernel, "_device_guard", Recorded)
+    monkeypatch.setattr(triton_kernel, "_run", lambda launches: (events.append(("run", len(launches))), run(launches)))
+    q, k, v = make_qkv(B=1, H=2, Nq=20, Nk=20, d=8, dv=8, dtype=torch.float32)
+    attention(q, k, v, "relu", kernel="triton").sum().backward()
+    cpu = torch.device("cpu")
+    assert events == [("enter", cpu), ("run", 1), ("exit", cpu), ("enter", cpu), ("run", 2), ("exit", cpu)]
 
 
 @pytest.mark.parametrize("shape", [(100, 130), (130, 40), (3, 150)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -204,3 +371,22 @@ def test_causal_half_precision():
     expected = causal_reference(*(x.detach().double() for x in (q, k, v)), "poly3")
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
     assert all(g.dtype == torch.float16 and g.isfinite().all() for g in _grads(out, (q, k, v)))
+
+
+def test_self_check_runs_outside_the_traced_region(monkeypatch):
+    """Under torch.compile the check runs once while the call is traced (fullgraph: no graph break) and
+    its verdict is a constant of the graph."""
+    from polyattn_lightning.attention import triton_selfcheck
+
+    monkeypatch.setattr(triton_selfcheck, "_VERDICTS", {})
+    calls, check = [], triton_selfcheck._self_check
+    monkeypatch.setattr(triton_selfcheck, "_self_check", lambda config, spec: calls.append(config) or check(config, spec))
+    relu = get_activation("relu")
+
+    def step(q):
+        return q * 2 if triton_selfcheck.triton_verified(q, q, q, relu, None, None, 0.0) else q * 3
+
+    q = torch.randn(1, 2, 80, 16)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(q), q * 2) and torch.equal(compiled(q + 1), (q + 1) * 2)
+    assert len(calls) == 1

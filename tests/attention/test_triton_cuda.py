@@ -110,7 +110,7 @@ def test_dropout_mask_is_the_documented_philox_scheme():
     torch.manual_seed(5)
     out = attention(*inputs, "sigmoid", dropout_p=p, kernel="triton")
     torch.manual_seed(5)
-    seed = int(torch.randint(2**63 - 1, (1,), dtype=torch.int64))
+    seed = int(torch.randint(2**63 - 1, (1,), dtype=torch.int64, device="cuda"))  # drawn on the device
     keep = torch.stack([philox_keep(seed, bh, 100, 90, p) for bh in range(4)]).view(2, 2, 100, 90)
     ref = [x.detach().double().cpu() for x in inputs]
     s = ref[0] @ ref[1].transpose(-2, -1) / 8.0
@@ -125,17 +125,46 @@ def test_more_than_65535_batch_heads():
 
 
 def test_auto_picks_triton_without_warnings_for_every_configuration():
-    """``attention()`` probes each configuration once and would fall back with a warning: none may fail here."""
-    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for d in (16, 64, 128, 256):
-                for mask, bias, dropout in ((None, None, 0.0), (torch.ones(1, 1, 1, 8, dtype=torch.bool, device="cuda"),
-                                                                  torch.zeros(1, 1, 8, 8, device="cuda"), 0.1)):
-                    q = torch.zeros(1, 1, 8, d, device="cuda", dtype=dtype)
-                    picked = _pick_kernel(q, get_activation("poly3"), mask, bias, dropout, None)
-                    assert picked == "triton", (dtype, d, mask is not None)
+    """``attention()`` self-checks each configuration once and would fall back with a warning: none may fail here
+    (fp32 at 'high': tf32x3; at the default 'highest' auto runs the blocked kernel on cuBLAS)."""
+    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float32)
+    assert _pick_kernel(q, get_activation("poly3"), None, None, 0.0, None) == "blocked"
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for d in (16, 64, 128, 256):
+                    for mask, bias, dropout in ((None, None, 0.0), (torch.ones(1, 1, 1, 8, dtype=torch.bool, device="cuda"),
+                                                                      torch.zeros(1, 1, 8, 8, device="cuda"), 0.1)):
+                        q = torch.zeros(1, 1, 8, d, device="cuda", dtype=dtype)
+                        picked = _pick_kernel(q, get_activation("poly3"), mask, bias, dropout, None)
+                        assert picked == "triton", (dtype, d, mask is not None)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_dropout_call_does_not_synchronise_the_host():
+    q, k, v = _cuda(make_qkv(B=2, H=2, Nq=128, Nk=128, d=64, dv=64, dtype=torch.float32), torch.bfloat16)
+    attention(q, k, v, "poly3", dropout_p=0.1).sum().backward()  # the self-check and the compiles happen here
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = attention(q, k, v, "poly3", dropout_p=0.1)
+        torch.autograd.grad(out.sum(), (q, k, v))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_launches_follow_the_operands_device_not_the_current_one():
+    q, k, v = (x.detach().to("cuda:1").requires_grad_() for x in make_qkv(B=1, H=2, Nq=100, Nk=100, d=32, dv=32,
+                                                                         dtype=torch.float32))
+    with torch.cuda.device(0):
+        out = attention(q, k, v, "relu", kernel="triton")
+    expected = reference_attention(*[x.detach().double().cpu() for x in (q, k, v)], "relu")
+    _check(out, expected, torch.float32)
 
 
 def test_compiled_attention_matches_eager():
