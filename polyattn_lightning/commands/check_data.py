@@ -33,15 +33,6 @@ class DataOnlyCLI(PolyattnCLI):
         return config
 
 
-def image_paths(datamodule) -> list[str]:
-    """The files of every split, once each (a split without ``samples`` of ``(path, label)`` holds none)."""
-    paths: dict[str, None] = {}
-    for split in ("train_set", "val_set", "test_set"):
-        for sample in getattr(getattr(datamodule, split, None), "samples", ()):
-            paths[str(sample[0])] = None
-    return list(paths)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polyattn check-data", description=__doc__.split("\n\n")[1],
                                 epilog="Further --data.* / --model.* arguments are passed on as for `polyattn fit`.")
@@ -59,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     if datamodule is None:
         raise ConfigError(f"{', '.join(args.config)} names no data (data: class_path ...)")
     datamodule.setup("fit")
-    paths = image_paths(datamodule)
+    paths = datamodule.image_files()  # DataModule.image_files: every split's image files, once each
     name = type(datamodule).__name__
     if not paths:
         print(f"{name} reads no image files (nothing to check)")

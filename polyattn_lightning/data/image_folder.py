@@ -10,7 +10,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from tqdm import tqdm
 
 from ..errors import MissingPathError
-from .base import CorruptImageError, ImageDataModule, ImageList, read_rgb, require_dir
+from .base import CorruptImageError, DataModule, ImageList, read_rgb, require_dir
 from .transforms import AugmentRecipe, build_transform
 
 Samples = list[tuple[str, int]]
@@ -49,7 +49,7 @@ def unreadable_message(bad: dict[str, str], total: int) -> str:
     return "\n".join([f"{len(bad)} of {total} images cannot be read:", *lines])
 
 
-class ImageFolderDataModule(ImageDataModule):
+class ImageFolderDataModule(DataModule):
     """Class-per-folder images (ImageNet-1k); classes are the sorted train folder names.
 
     Images are decoded lazily by the loader workers; a file PIL cannot read
