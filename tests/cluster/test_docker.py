@@ -21,8 +21,10 @@ CHECK = Path(__file__).parents[2] / "docker" / "check.sh"
 def test_docker_check_builds_and_runs_the_image(tmp_path):
     if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("pytest -m docker needs a running Docker engine (docker info failed)")
-    options = [*(["--base", os.environ["POLYATTN_DOCKER_BASE"]] if "POLYATTN_DOCKER_BASE" in os.environ else []),
-               *(["--ca-certs", os.environ["POLYATTN_DOCKER_CA_CERTS"]] if "POLYATTN_DOCKER_CA_CERTS" in os.environ else [])]
+    options = []
+    for option, variable in (("--base", "POLYATTN_DOCKER_BASE"), ("--ca-certs", "POLYATTN_DOCKER_CA_CERTS")):
+        if variable in os.environ:
+            options += [option, os.environ[variable]]
     proc = subprocess.run([CHECK, *options, "--work", tmp_path], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "bitwise equal" in proc.stdout and "all checks passed" in proc.stdout
