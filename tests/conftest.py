@@ -10,6 +10,16 @@ from PIL import Image
 
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``docker`` (a multi-GB image build) run only when ``-m`` names them: ``pytest -m docker``."""
+    if "docker" in (config.option.markexpr or ""):
+        return
+    deselected = [item for item in items if item.get_closest_marker("docker")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("docker")]
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """The test models are tiny: a second intra-op thread buys nothing, and on shared cores it spin-waits (30x slower)."""

@@ -160,7 +160,8 @@ class SlurmPreemption(Callback):
                     (folder / f"hpc_ckpt_{number}.ckpt").unlink(missing_ok=True)
         rank_zero_info(f"saved {path} at step {trainer.global_step} in {self._last_write_s:.1f} s")
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
         """A save during validation records the pass as started but not run, so the resumed job runs all of it.
 
         Lightning resumes a checkpoint whose val loop has one batch started and none processed by going
@@ -175,7 +176,8 @@ class SlurmPreemption(Callback):
             progress[part]["started"] += 1
         checkpoint["loops"]["fit_loop"][_VAL_PROGRESS] = progress
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
         self._got_requeue_signal, self._sigterm_at = False, None
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from .attention_norms import AttentionNorms
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
+from .preemption import SlurmPreemption
 from .resume import ExactResume
 
 #: The best checkpoint's file name (also how a saved ``trainer.callbacks`` entry is recognised as that callback).
@@ -58,6 +59,8 @@ STANDARD_CALLBACKS = (
     ),
     StandardCallback("lr_monitor", LearningRateMonitor, "logs the learning rate", {"logging_interval": "step"}),
     StandardCallback("resume", ExactResume, "a resumed run continues exactly (RNG states, mid-epoch loader position)"),
+    StandardCallback("preemption", SlurmPreemption,
+                     "under SLURM, the requeue signal and SIGTERM checkpoint at the next step boundary (exact requeue)"),
     StandardCallback("nan_guard", NonFiniteLossGuard, "a NaN or inf loss stops the run (on_nonfinite: skip skips the step)"),
     StandardCallback("predictions", PredictionWriter, "`predict` saves its outputs to <log dir>/predictions/"),
     StandardCallback("norms", AttentionNorms, "attention norms per layer and head every every_n_steps steps"),

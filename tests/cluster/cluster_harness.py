@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import Dataset
 
 from polyattn_lightning.data import DigitsDataModule
-from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe, Recipe
+from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe
 
 
 def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any = "poly3") -> ClassificationModule:
@@ -28,7 +29,9 @@ def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any 
         attention=attention,
         img_size=8,
         model_kwargs={"patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2},
-        recipe=Recipe(optim=optim, mixup=mix, drop_path_rate=drop_path),
+        optim=optim,
+        mixup=mix,
+        drop_path_rate=drop_path,
     )
 
 
@@ -90,3 +93,14 @@ class MemoryLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         for key, value in metrics.items():
             self.history.setdefault(key, {})[step] = value
+
+
+class RecordBatches(Callback):
+    """What each optimizer step trained on: (global step, batch index, the batch's bytes)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, bytes]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        images, targets = batch
+        self.seen.append((trainer.global_step, batch_idx, images.numpy().tobytes() + targets.numpy().tobytes()))

@@ -19,29 +19,19 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from cluster_harness import MemoryLogger, augmented_digits, tiny_classifier
+from cluster_harness import MemoryLogger, RecordBatches, augmented_digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from training_helpers import cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, SlurmPreemption
+from polyattn_lightning.callbacks.resume import capture_rng_state
 from polyattn_lightning.checkpoint import SafeCheckpointIO
-from polyattn_lightning.distributed import distributed_teardown
+from polyattn_lightning.distributed import distributed_teardown, gather_objects
 
 STEPS_PER_EPOCH, EPOCHS, VAL_BATCHES = 4, 3, 3
 SIGNAL_STEP = 5  # epoch 1, batch 1
-
-
-class RecordBatches(Callback):
-    """What each optimizer step trained on: (global step, batch index, the batch's bytes)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int, bytes]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        images, targets = batch
-        self.seen.append((trainer.global_step, batch_idx, images.numpy().tobytes() + targets.numpy().tobytes()))
 
 
 class RecordValidation(Callback):
@@ -103,7 +93,8 @@ def train(root: Path, where: str = "none", signum: int = signal.SIGUSR1, ranks: 
     world = int(os.environ["SLURM_NTASKS"])
     rank = int(os.environ["SLURM_PROCID"])
     pl.seed_everything(0, workers=True)
-    model, logger, record, validation = tiny_classifier(mixup=True, drop_path=0.1), MemoryLogger(), RecordBatches(), RecordValidation()
+    model, logger = tiny_classifier(mixup=True, drop_path=0.1), MemoryLogger()
+    record, validation = RecordBatches(), RecordValidation()
     sender = SendSignal(where, signum) if rank in ranks and where != "none" else None
     trainer = cpu_trainer(
         devices=world,
@@ -136,9 +127,7 @@ def train(root: Path, where: str = "none", signum: int = signal.SIGUSR1, ranks: 
 
 
 def capture_all_rng() -> list:
-    from polyattn_lightning.callbacks.resume import capture_rng_state
-    from polyattn_lightning.distributed import gather_objects
-
+    """Every rank's RNG states at the end, in rank order (as a checkpoint holds them)."""
     return gather_objects(capture_rng_state())
 
 

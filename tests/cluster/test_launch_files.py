@@ -12,6 +12,7 @@ import shlex
 import socket
 import subprocess
 import tomllib
+from datetime import timedelta
 from pathlib import Path
 from string import Template
 
@@ -73,13 +74,24 @@ def test_docker_copies_only_code_and_configs():
     for args in instructions("COPY"):
         *sources, _destination = [token for token in shlex.split(args) if not token.startswith("--")]
         copied.update(sources)
-    assert copied == {"pyproject.toml", "README.md", "polyattn_lightning", "configs"}
+    assert copied == {"pyproject.toml", "README.md", "polyattn_lightning", "configs", "docker/ca-certificates/"}
     assert all((ROOT / name).exists() for name in copied)
     assert not instructions("ADD")
     # the build context excludes everything but what is copied: no data, checkpoints or .git can slip in
     rules = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert rules[0] == "**"
-    assert {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")} == copied
+    assert {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")} == {name.rstrip("/") for name in copied}
+
+
+def test_extra_ca_certificates_come_from_a_folder_git_ignores():
+    """The build trusts docker/ca-certificates/*.crt (a proxy's CA), and the repository holds none of them."""
+    folder = ROOT / "docker" / "ca-certificates"
+    ignore = (folder / ".gitignore").read_text().split()
+    assert "*" in ignore and {"!.gitignore", "!README.md"} <= set(ignore)
+    tracked = subprocess.run(["git", "ls-files", str(folder)], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert sorted(Path(line).name for line in tracked.stdout.split()) in ([], [".gitignore", "README.md"])
+    install = " ".join(instructions("RUN"))
+    assert "update-ca-certificates" in install and "PIP_CERT=/etc/ssl/certs/ca-certificates.crt pip install" in install
 
 
 def test_docker_copies_everything_the_package_install_reads():
@@ -112,11 +124,13 @@ def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
     [launch] = [line for line in logical_lines(ROOT / "scripts" / "slurm" / "train.sbatch") if line.startswith("srun ")]
     slurm = {"config": str(QUICKSTART), "SLURM_NTASKS_PER_NODE": sbatch["ntasks-per-node"],
              "SLURM_JOB_NUM_NODES": sbatch["nodes"], "SLURM_JOB_ID": "42", "run_dir": "runs/slurm-42"}
-    command = [Template(token).substitute(slurm) for token in shlex.split(launch) if token != "$@"]
-    assert command[:3] == ["srun", "lightning", "fit"] and "lightning" in PYPROJECT["scripts"]
-    trainer = make_cli([*command[3:], "--trainer.accelerator", "cpu"], run=False).trainer
+    command = [Template(token).substitute(slurm) for token in shlex.split(launch) if token not in ("$@", "${resume[@]}")]
+    # a task that dies ends the others at once (srun's default lets them wait in a collective)
+    assert command[:4] == ["srun", "--kill-on-bad-exit=1", "lightning", "fit"] and "lightning" in PYPROJECT["scripts"]
+    trainer = make_cli([*command[4:], "--trainer.accelerator", "cpu"], run=False).trainer
     assert (trainer.num_devices, trainer.num_nodes) == (8, 2)
-    assert isinstance(trainer.strategy, DDPStrategy)
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._timeout == timedelta(minutes=5)
+    assert any(type(callback).__name__ == "SlurmPreemption" for callback in trainer.callbacks)
     assert trainer.logger.version == "slurm-42"
 
 
@@ -134,3 +148,30 @@ def test_torchrun_script_trains_with_two_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Starting with 2 processes" in proc.stdout + proc.stderr
     assert list(tmp_path.rglob("last.ckpt"))
+
+
+def test_slurm_script_resumes_from_the_newest_complete_checkpoint(tmp_path):
+    """A requeued job (same id) passes --ckpt_path: the newer of its hpc checkpoint and last.ckpt, none at first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')  # stand-in: prints the command it would run
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42",
+           "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_NUM_NODES": "2"}
+
+    def resumed_from() -> str | None:
+        proc = subprocess.run(["bash", ROOT / "scripts" / "slurm" / "train.sbatch", QUICKSTART], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, check=True)
+        args = proc.stdout.splitlines()
+        return args[args.index("--ckpt_path") + 1] if "--ckpt_path" in args else None
+
+    assert resumed_from() is None
+    hpc = tmp_path / "runs" / "slurm-42" / "hpc_ckpt_3.ckpt"
+    last = tmp_path / "runs" / "quickstart" / "slurm-42" / "checkpoints" / "last.ckpt"
+    for path, mtime in ((hpc, 1_000), (last, 2_000)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+        os.utime(path, (mtime, mtime))
+    assert resumed_from() == "runs/quickstart/slurm-42/checkpoints/last.ckpt"  # killed after the last preemption
+    os.utime(hpc, (3_000, 3_000))
+    assert resumed_from() == "runs/slurm-42/hpc_ckpt_3.ckpt"

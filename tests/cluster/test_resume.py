@@ -14,24 +14,13 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from cluster_harness import MemoryLogger, augmented_digits, tiny_classifier
+from cluster_harness import MemoryLogger, RecordBatches, augmented_digits, tiny_classifier
 from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 from training_helpers import Killed, KillAt, cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3
-
-
-class RecordBatches(Callback):
-    """What each optimizer step trained on: (global step, batch index, the batch's bytes)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int, bytes]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        images, targets = batch
-        self.seen.append((trainer.global_step, batch_idx, images.numpy().tobytes() + targets.numpy().tobytes()))
 
 
 class RecordLR(Callback):

@@ -10,6 +10,7 @@ Both have world size 2 and the same global batch, so one uninterrupted 2-rank ru
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -51,8 +52,8 @@ def torchrun(node_args: list[str], devices: int, nodes: int, extra: list[str]) -
 
 
 def kill_rank(rank: int, marker: Path) -> list[str]:
-    spec = f'{{"class_path": "rank_kill.SigkillRank", "init_args": {{"rank": {rank}, "step": {KILL_STEP}, "marker": "{marker}"}}}}'
-    return [f"--trainer.callbacks+={spec}"]
+    spec = {"class_path": "rank_kill.SigkillRank", "init_args": {"rank": rank, "step": KILL_STEP, "marker": str(marker)}}
+    return [f"--trainer.callbacks+={json.dumps(spec)}"]
 
 
 def one_node(cwd: Path, extra: list[str] = ()) -> list[subprocess.Popen]:

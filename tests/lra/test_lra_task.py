@@ -138,3 +138,25 @@ def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, listops):
         assert torch.equal(resumed["weights"][name], weight), name
     for index, state in reference["optimizer"].items():
         assert torch.equal(resumed["optimizer"][index]["exp_avg"], state["exp_avg"])
+
+
+class SaveHpcCheckpointAtStart(Callback):
+    """A requeue checkpoint of the untrained weights in default_root_dir, as an earlier preemption leaves one."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        trainer.save_checkpoint(f"{trainer.default_root_dir}/hpc_ckpt_1.ckpt")
+
+
+def test_test_after_fit_under_slurm_tests_the_end_weights_not_an_hpc_checkpoint(tmp_path, listops, monkeypatch):
+    """Under SLURM, Lightning resolves ``ckpt_path=None`` to the newest hpc checkpoint: the test must name its file."""
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "lra")
+    pl.seed_everything(0)
+    final, module = FinalWeights(), LRAModule(optim=FAST)
+    fit = trainer(tmp_path, 4, SaveHpcCheckpointAtStart(), final, enable_checkpointing=False)
+    with pytest.warns(UserWarning, match="no best checkpoint"):
+        fit.fit(module, datamodule=listops)
+    assert (tmp_path / "hpc_ckpt_1.ckpt").exists() and fit.ckpt_path != str(tmp_path / "hpc_ckpt_1.ckpt")
+    for name, value in module.state_dict().items():  # the tested weights are the end-of-fit ones
+        assert torch.equal(value, final.state[name]), name
+    assert fit.callback_metrics["test/top1"].item() == pytest.approx(accuracy(module, listops.test_dataloader()))
