@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import Dataset
 
 from polyattn_lightning.data import DigitsDataModule
-from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe, Recipe
+from polyattn_lightning.tasks import ClassificationModule, MixupRecipe, OptimRecipe
 
 
 def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any = "poly3") -> ClassificationModule:
@@ -28,7 +28,9 @@ def tiny_classifier(mixup: bool = False, drop_path: float = 0.0, attention: Any 
         attention=attention,
         img_size=8,
         model_kwargs={"patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2},
-        recipe=Recipe(optim=optim, mixup=mix, drop_path_rate=drop_path),
+        optim=optim,
+        mixup=mix,
+        drop_path_rate=drop_path,
     )
 
 

@@ -80,12 +80,12 @@ def test_cli_checkpoint_loads_with_weights_only_and_resumes(cli_checkpoint, tmp_
 
 
 def test_python_api_checkpoint_loads_with_weights_only(tmp_path):
-    """Hyperparameters given as the recipe dataclasses (not YAML) must be weights_only-loadable too."""
+    """Hyperparameters given as the recipe dataclasses (optim, mixup; not YAML) must be weights_only-loadable too."""
     trainer = cpu_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, default_root_dir=tmp_path)
     trainer.fit(tiny_classifier(mixup=True), digits(batch_size=32))
     trainer.save_checkpoint(tmp_path / "api.ckpt")
     loaded = ClassificationModule.load_from_checkpoint(tmp_path / "api.ckpt", weights_only=True)
-    assert loaded.recipe.mixup.mixup_alpha == 0.8
+    assert loaded.mixup_recipe.mixup_alpha == 0.8
 
 
 def test_code_in_a_checkpoint_or_pretrained_file_is_refused_and_never_runs(tmp_path):
