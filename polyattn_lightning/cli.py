@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -16,22 +17,30 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import torch
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
+from .callbacks.progress import StepsRichProgressBar
+from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, drop_restated, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
 from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
 from .distributed import distributed_teardown
 
+#: Whether ``rich`` is installed: Lightning's default progress bar is then its RichProgressBar.
+RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 #: TensorBoardLogger's default run name, which the CLI replaces with the config file's name.
 DEFAULT_RUN_NAME = "lightning_logs"
+#: Where runs are logged by default: ``runs/<task family>/<config name>/version_N``.
+RUNS_DIR = "runs"
 
 
 def default_precision() -> str:
@@ -98,14 +107,65 @@ def short_parse_message(message: str) -> str:
     return " ".join([head, lines[0]]).strip() + "".join(f"\n  {line}" for line in lines[1:])
 
 
+def class_from_path(class_path: Any) -> type | None:
+    """The class a resolved ``class_path`` names (None when it names none)."""
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None
+
+
+def task_family(model_config) -> str:
+    """The folder a task's runs go in: its module's name (``classification``, ``lra``, ``detection``), or its
+    class name for a task defined in a script."""
+    cls = class_from_path(model_config.get("class_path") if hasattr(model_config, "get") else None)
+    if cls is None:
+        return "model"
+    module = cls.__module__.rpartition(".")[2]
+    return cls.__name__ if module == "__main__" else module
+
+
+def resolve_task_defaults(config) -> None:
+    """The best checkpoint's ``monitor``/``mode`` left unset take the task's (``--print_config`` and the saved
+    ``config.yaml`` show the values used)."""
+    model, checkpoint = config.get("model"), config.get("checkpoint")
+    if checkpoint is None or not hasattr(checkpoint, "get"):
+        return
+    settings = {"monitor": checkpoint.get("monitor"), "mode": checkpoint.get("mode")}
+    resolve_checkpoint_monitor(settings, class_from_path(model.get("class_path") if hasattr(model, "get") else None))
+    checkpoint.monitor, checkpoint.mode = settings["monitor"], settings["mode"]
+
+
+#: Where ``--data.root`` meets a data set that reads no folder (the quickstart's bundled digits): the README's line.
+OWN_IMAGES_HINT = ("this data set reads no folder (the quickstart's are bundled digits); to train on your own "
+                   "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
+                   "(README, 'Your own images')")
+
+
+class KeepLinesHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with the description and epilog (the list of verbs) kept line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 class ShortErrorParser(LightningArgumentParser):
-    """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump."""
+    """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
+    config (``--print_config``) shows the best checkpoint's monitor as the task gives it."""
+
+    def dump(self, cfg, *args, **kwargs):
+        if "checkpoint" in cfg and "model" in cfg:
+            cfg = cfg.clone()
+            resolve_task_defaults(cfg)
+        return super().dump(cfg, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {short_parse_message(message)}\n"
+        hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
+        sys.stderr.write(f"error: {short_parse_message(message)}{hint}\n"
                          f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
                          "e.g. ClassificationModule)\n")
         raise SystemExit(EXIT_USER_ERROR)
@@ -179,11 +239,9 @@ def check_config(config) -> None:
     for key, method in (("model", "check_init_args"), ("data", "check_paths")):
         component = config.get(key)
         class_path = component.get("class_path") if hasattr(component, "get") else None
-        if class_path:
-            module, _, name = class_path.rpartition(".")
-            check = getattr(getattr(importlib.import_module(module), name), method, None)  # None: not on our bases
-            if check is not None:
-                check(init_args(component)) if key == "model" else check(**init_args(component))
+        check = getattr(class_from_path(class_path), method, None)  # None: not on our bases
+        if check is not None:
+            check(init_args(component)) if key == "model" else check(**init_args(component))
 
 
 def activation_label(spec) -> str:
@@ -212,7 +270,60 @@ class PolyattnCLI(LightningCLI):
         return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.set_defaults({"trainer.precision": default_precision()})
+        """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
+        ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and
+        ``callbacks_off``."""
+        parser.set_defaults({
+            "trainer.precision": default_precision(),
+            "trainer.logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                               "init_args": {"save_dir": RUNS_DIR, "default_hp_metric": False}},
+            "trainer.plugins": [{"class_path": "polyattn_lightning.checkpoint.SafeCheckpointIO"}],
+        })
+        for spec in STANDARD_CALLBACKS:
+            parser.add_lightning_class_args(spec.cls, spec.key)
+            parser.set_defaults({f"{spec.key}.{key}": value for key, value in spec.defaults.items()})
+        parser.add_argument(
+            "--callbacks_off", type=list[Literal[STANDARD_KEYS]], default=[],
+            help="standard callbacks to leave out, e.g. [norms, predictions] (each is set under its own key: "
+                 f"{', '.join(STANDARD_KEYS)}); trainer.enable_checkpointing false leaves out both checkpoints, "
+                 "trainer.logger false the lr_monitor")
+
+    def standard_off(self, config) -> set[str]:
+        """The standard callbacks this run leaves out: ``callbacks_off``, and those the trainer settings rule out."""
+        off = set(config.get("callbacks_off") or [])
+        if config.trainer.get("enable_checkpointing") is False:
+            off |= {"checkpoint", "last_checkpoint"}
+        if config.trainer.get("logger") is False:
+            off.add("lr_monitor")  # LearningRateMonitor raises without a logger
+        return off
+
+    def drop_restated_callbacks(self, config) -> None:
+        """A standard callback also listed in ``trainer.callbacks`` (a ``config.yaml`` saved before they were
+        standard) is dropped there, with a warning naming its short key: never two ``ExactResume``."""
+        listed = config.trainer.get("callbacks")
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        entries = [(class_from_path(item.get("class_path")), init_args(item)) if hasattr(item, "get") else (None, {})
+                   for item in listed]
+        standard = {key: init_args({"init_args": config.get(key)}) for key in STANDARD_KEYS}
+        dropped, messages = drop_restated(entries, standard, self.standard_off(config))
+        for message in messages:
+            warnings.warn(message, UserWarning, stacklevel=1)
+        if dropped:
+            config.trainer.callbacks = [item for index, item in enumerate(listed) if index not in dropped]
+
+    def instantiate_trainer(self, **kwargs: Any):
+        """The trainer with the standard callbacks this run does not leave out (:meth:`standard_off`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        off = self.standard_off(config)
+        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys
+                     if key not in off]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        listed = trainer_config.get("callbacks")
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        if (trainer_config.get("enable_progress_bar") is not False and RICH_AVAILABLE
+                and not any(isinstance(callback, ProgressBar) for callback in listed)):
+            callbacks.append(StepsRichProgressBar())  # Lightning's default bar, without "Epoch 6/-2"
+        return self._instantiate_trainer(trainer_config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
         self.given_args = [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
@@ -252,11 +363,14 @@ class PolyattnCLI(LightningCLI):
             raise
 
     def before_instantiate_classes(self) -> None:
-        """Log to ``runs/<config name>/version_N`` unless the logger was given a name (``<config name>_<activation>``
-        when ``--model.attention`` gives another activation than the config's); ``validate``/``test``/``predict`` of a checkpoint log to
+        """Log to ``runs/<task family>/<config name>/version_N`` unless the logger was given a name (``<config
+        name>_<activation>`` when ``--model.attention`` gives another activation than the config's; the family is
+        :func:`task_family`, so the three quickstarts never share a folder); ``validate``/``test``/``predict`` of a checkpoint log to
         :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
-        file. Then :func:`check_config`, so a bad name or path stops the run before any model is built."""
+        file. The best checkpoint's monitor defaults to the task's; standard callbacks restated in
+        ``trainer.callbacks`` are dropped. Then :func:`check_config`, so a bad name or path stops the run before
+        any model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         logger, files = config.trainer.logger, config.get("config")
         model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
@@ -267,13 +381,15 @@ class PolyattnCLI(LightningCLI):
                 label = activation_label(model_args.attention)
                 if label != activation_label(config_attention(files) or ""):
                     name = f"{name}_{label}"
-            logger.init_args.name = name
+            logger.init_args.name = f"{task_family(config.model)}/{name}"
         if self.subcommand in ("validate", "test", "predict") and config.get("ckpt_path") and hasattr(logger, "init_args"):
             if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():
                 save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
                 logger.init_args.save_dir, logger.init_args.name, logger.init_args.version = str(save_dir), "", version
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
+        resolve_task_defaults(config)
+        self.drop_restated_callbacks(config)
         check_config(config)
 
     def instantiate_classes(self) -> None:
@@ -326,14 +442,22 @@ def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[Po
         auto_configure_optimizers=False,  # the tasks build their own optimizer from their recipe
         save_config_callback=KeepingSaveConfigCallback,
         parser_class=ShortErrorParser,
+        parser_kwargs={"epilog": "other verbs (`polyattn VERB --help`):\n" + "\n".join(
+            f"  {verb:<11} {what}" for verb, what in COMMANDS.items()),
+            "formatter_class": KeepLinesHelpFormatter},
         args=args,
         run=run,
     )
 
 
 #: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep|check-data ...``, one module
-#: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``.
-COMMANDS = ("maps", "norms", "sweep", "check-data")
+#: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``; listed by ``polyattn --help``.
+COMMANDS = {
+    "maps": "phi(S) heat maps and where a checkpoint's model looks, over image files",
+    "norms": "draw the attention norms that runs logged against the training step",
+    "sweep": "validation accuracy against the activation's scale, per sequence length (short fits)",
+    "check-data": "decode every image file of a config's data set once and list every bad file",
+}
 
 
 @reported  # a user-input error prints as one short `error: ...` line (POLYATTN_DEBUG=1: the traceback)

@@ -7,6 +7,11 @@ blocks simply add up. The backward recomputes each tile of ``S``::
 
     dV = phi(S)^T dO,   dS = phi'(S) * (dO V^T),   dQ = dS K t,   dK = dS^T Q t
 
+Causal (``causal`` = the diagonal offset ``Nk - Nq``): key blocks are cut
+square-ish instead of whole rows, the tiles wholly above the diagonal are
+never visited (forward and backward), and only the tiles the diagonal crosses
+are masked, from their coordinates.
+
 Some bookkeeping keeps the tile loop to matmuls plus one to three
 elementwise passes:
 
@@ -23,6 +28,7 @@ autocast off; the output and gradients come back in the inputs' dtypes.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -41,10 +47,15 @@ TILE_ELEMENTS = 1 << 19
 MAX_KEY_BLOCK = 4096
 
 
-def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int) -> tuple[int, int, int]:
-    """``(bb, bq, bk)`` batch, query and key block sizes: whole key rows first, then query rows, then batches."""
+def block_sizes(shape4: tuple[int, int, int, int], tile_elements: int, causal: bool = False) -> tuple[int, int, int]:
+    """``(bb, bq, bk)`` batch, query and key block sizes: whole key rows first, then query rows, then batches.
+
+    Causal: square tiles of one batch entry, so that the tiles above the diagonal can be skipped.
+    """
     batch, heads, nq, nk = shape4
     bk = min(nk, MAX_KEY_BLOCK)
+    if causal:
+        bk = min(bk, max(16, math.isqrt(tile_elements // heads)))
     bq = min(nq, max(16, tile_elements // (heads * bk)))
     bb = min(batch, max(1, tile_elements // (heads * bq * bk)))
     return bb, bq, bk
@@ -111,12 +122,18 @@ class _Tiles(NamedTuple):
     bias: Tensor | None
     dropout_p: float
     seed: int
+    causal: int | None  # query i attends keys j <= i + causal; None: not causal
 
     def blocks(self):
-        """Yield ``(index, (batch, rows, cols))`` in a fixed order, so dropout can be replayed."""
+        """Yield ``(index, (batch, rows, cols))`` in a fixed order, so dropout can be replayed.
+
+        Causal: the tiles wholly above the diagonal (first key beyond the last row's reach) are left out.
+        """
         (batch, _, nq, nk), (bb, bq, bk) = self.shape4, self.block
         grid = [(b, r, c) for b in range(0, batch, bb) for r in range(0, nq, bq) for c in range(0, nk, bk)]
         for index, (b, r, c) in enumerate(grid):
+            if self.causal is not None and c > min(r + bq, nq) - 1 + self.causal:
+                continue
             yield index, (slice(b, b + bb), slice(r, r + bq), slice(c, c + bk))
 
     def heads(self, where) -> slice:
@@ -139,6 +156,11 @@ class _Tiles(NamedTuple):
         blocked = self._sliced(self.blocked, where)
         if blocked is not None:
             self.view4(tile).masked_fill_(blocked, 0.0)
+        rows, cols = where[1], where[2]
+        if self.causal is not None and cols.start + tile.shape[2] - 1 > rows.start + self.causal:  # crosses the diagonal
+            i = torch.arange(rows.start, rows.start + tile.shape[1], device=tile.device)
+            j = torch.arange(cols.start, cols.start + tile.shape[2], device=tile.device)
+            tile.masked_fill_(j > i[:, None] + self.causal, 0.0)
         if self.dropout_p:
             generator = torch.Generator(tile.device).manual_seed(self.seed + index)
             tile.mul_(torch.empty_like(tile).bernoulli_(1.0 - self.dropout_p, generator=generator))
@@ -214,7 +236,8 @@ class BlockedAttention(torch.autograd.Function):
     """``out = c(n) * mask(f(S + b(n) + bias)) @ v``, computed and differentiated tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float, tile_elements: int):
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float, tile_elements: int,
+                causal: int | None):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         with torch.autocast(q.device.type, enabled=False):
@@ -222,12 +245,13 @@ class BlockedAttention(torch.autograd.Function):
             row_scale = act.row_scale(n) / (1.0 - dropout_p)
             tiles = _Tiles(
                 shape4,
-                block_sizes(shape4, tile_elements),
+                block_sizes(shape4, tile_elements, causal is not None),
                 as_4d(act.row_shift(n)) if act.shift else None,
                 None if allowed is None else as_4d(~allowed),
                 None if bias is None else as_4d(bias.detach().to(dtype)),
                 dropout_p,
                 int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0,
+                causal,
             )
             q_t, k_t, v3 = flatten_heads(q, dtype) * t, _transposed(flatten_heads(k, dtype)), flatten_heads(v, dtype)
             out = torch.zeros(*q_t.shape[:2], v.shape[-1], dtype=dtype, device=q.device)
@@ -275,7 +299,7 @@ class BlockedAttention(torch.autograd.Function):
                 dv_t.transpose(1, 2).reshape(v.shape).to(v.dtype),
                 dbias.mul_(gain).reshape(bias.shape).to(bias.dtype) if want_bias else None,
             )
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None)
 
 
 def _accumulate_bias_grad(dbias: Tensor, ds4: Tensor, where) -> None:
@@ -284,6 +308,8 @@ def _accumulate_bias_grad(dbias: Tensor, ds4: Tensor, where) -> None:
     _Tiles._sliced(dbias, where).add_(ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4)
 
 
-def blocked(q, k, v, act, t, allowed, bias, n, dropout_p, tile_elements: int | None = None) -> Tensor:
+def blocked(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None, tile_elements: int | None = None) -> Tensor:
     """The blocked kernel with ``kernels.run``'s signature; ``tile_elements`` overrides ``TILE_ELEMENTS``."""
-    return BlockedAttention.apply(q, k, v, bias, act, t, allowed, n, dropout_p, tile_elements or TILE_ELEMENTS)
+    return BlockedAttention.apply(
+        q, k, v, bias, act, t, allowed, n, dropout_p, tile_elements or TILE_ELEMENTS, causal
+    )

@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -87,6 +88,8 @@ def build(csrc: Path = CSRC) -> Path:
             partial = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
             shutil.copyfile(path, partial)
             os.replace(partial, target)
+    if not (directory / f"{name}.so").exists():  # the one pause of some 15 s a user would otherwise wonder about
+        sys.stderr.write(f"compiling the C++ attention kernels for this CPU (once; cached in {directory})\n")
     cpp_extension.load(
         name=name,
         sources=[str(source_dir / source) for source in SOURCE_NAMES],

@@ -4,7 +4,8 @@ Dispatch, in order:
 
 1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
 2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
-   form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d).
+   form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d); causal too, as chunked
+   prefix sums of ``k^T v`` (still linear time, exact).
 3. A built-in elementwise activation -> a fused kernel (masks, score bias and
    in-kernel dropout included): Triton on CUDA, C++ on CPU. Where Triton cannot
    compile for the GPU, a warning names the error once and step 4 runs instead.
@@ -15,9 +16,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import Masks, check_broadcast, keys_per_row, normalize_masks
+from .masks import Masks, causal_mask, check_broadcast, keys_per_row, normalize_masks
 from .registry import Activation, ActivationSpec, get_activation
 
 KERNELS = ("auto", "sdpa", "associative", "triton", "fused_cpu", "blocked", "materialized")
@@ -35,6 +37,7 @@ def attention(
     attn_mask: Tensor | None = None,
     attn_bias: Tensor | None = None,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
     kernel: str = "auto",
 ) -> Tensor:
     """Attention with a registry activation: ``out = phi(S) @ v``, ``S = q k^T * t``.
@@ -48,26 +51,33 @@ def attention(
         attn_mask: bool (True = attend) or additive float (0 keep, negative mask), broadcastable to ``(B, H, Nq, Nk)``.
         attn_bias: an additive score bias (e.g. Swin's relative-position bias), added to ``S`` before ``phi``.
         dropout_p: dropout on ``phi(S)``; pass 0 in eval mode.
+        is_causal: query ``i`` attends keys ``0 .. i + Nk - Nq`` only (bottom-right aligned, as a KV
+            cache needs; keys ``0 .. i`` when ``Nq == Nk``; for ``Nq != Nk`` this differs from SDPA's
+            top-left ``is_causal``). Combines with both masks; ``N`` is the number of keys a row may
+            attend, so it grows along the sequence. The tiled kernels skip the tiles above the
+            diagonal, and causal ``poly1`` stays linear-time and exact (``associative.py``).
         kernel: force one implementation (see ``KERNELS``); ``auto`` picks the fastest that applies.
 
     Non-softmax scores and activations are computed in fp32 (also under autocast);
     the output has the input dtype. A query with no attendable key gets a zero output.
     """
     _check_inputs(q, k, v, dropout_p, kernel)
-    act, t, masks = resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias)
+    act, t, masks = resolve_scores(
+        q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, is_causal=is_causal
+    )
     if act.is_softmax:
         if kernel not in ("auto", "sdpa"):
             raise ValueError(f"softmax runs only on kernel 'sdpa', not {kernel!r}")
         return _sdpa(q, k, v, masks, attn_bias, t, dropout_p)
 
-    n = keys_per_row(masks.allowed, k.shape[-2], q.device)
+    n = keys_per_row(masks.allowed, k.shape[-2], q.device, masks.causal)
     if kernel == "auto":
         # ``allowed`` is a key-padding mask only when no attn_mask was merged into it
         key_padding_only = key_padding_mask if attn_mask is None else None
-        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only)
-    from . import kernels  # late import: kernels import this module's helpers
+        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only, masks.causal)
+    from . import kernels  # late import: it loads the Triton and C++ kernel modules (triton takes seconds to import)
 
-    return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p)
+    return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p, causal=masks.causal)
 
 
 class ScoreSpec(NamedTuple):
@@ -78,11 +88,13 @@ class ScoreSpec(NamedTuple):
     masks: Masks
 
 
-def resolve_scores(q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias) -> ScoreSpec:
+def resolve_scores(
+    q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, *, is_causal: bool = False
+) -> ScoreSpec:
     """Resolve ``attention()``'s score arguments once, for it and for the diagnostics that mirror it."""
     act = get_activation(activation, scale=scale)
     t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
-    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax)
+    masks = normalize_masks(q, k, key_padding_mask, attn_mask, softmax=act.is_softmax, is_causal=is_causal)
     if attn_bias is not None:
         check_broadcast("attn_bias", attn_bias, (*q.shape[:3], k.shape[-2]))
     return ScoreSpec(act, t, masks)
@@ -104,15 +116,17 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask) -> str:
-    """``key_padding_mask`` is given only when ``allowed`` holds nothing else (no attn_mask)."""
+def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask, causal: int | None = None) -> str:
+    """``key_padding_mask`` is given only when ``allowed`` holds nothing else (no attn_mask);
+    ``causal`` is the causal offset (``Masks.causal``) or None."""
     pairwise_mask = allowed is not None and key_padding_mask is None
     if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
-        return "associative"
+        return "associative"  # causal too: chunked prefix sums, linear time
     from .fused_cpu import fused_cpu_supports
     from .triton_kernel import triton_compiles, triton_supports
 
-    if triton_supports(q, act) and triton_compiles(q, act, allowed is not None, attn_bias is not None, dropout_p > 0):
+    has_mask, has_bias, dropout = allowed is not None, attn_bias is not None, dropout_p > 0
+    if triton_supports(q, act) and triton_compiles(q, act, has_mask, has_bias, dropout, causal is not None):
         return "triton"
     if fused_cpu_supports(q, act):  # with in-kernel dropout
         return "fused_cpu"
@@ -123,7 +137,23 @@ def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
     """Softmax on SDPA; rows with no attendable key give zeros instead of NaN.
 
     A float mask or bias is cast to q's dtype: SDPA refuses one of another dtype (fp32 aside).
+    Causal alone: SDPA's own ``is_causal`` for ``Nq == Nk`` (its fastest path), the lower-right
+    ``CausalBias`` for ``Nq < Nk``; otherwise (``Nq > Nk``: rows with no key, or other masks)
+    the causal mask is materialised into the boolean / additive mask.
     """
+    nq, nk = q.shape[-2], k.shape[-2]
+    if masks.causal is not None and masks.allowed is None and attn_bias is None and masks.causal >= 0:
+        if masks.causal == 0:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=t)
+        from torch.nn.attention.bias import causal_lower_right
+
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=causal_lower_right(nq, nk), dropout_p=dropout_p, scale=t
+        )
+    if masks.causal is not None:
+        tri = causal_mask(nq, nk, q.device)
+        additive = None if masks.additive is None else masks.additive.masked_fill(~tri, float("-inf"))
+        masks = Masks(tri if masks.allowed is None else masks.allowed & tri, additive)
     mask = masks.additive.to(q.dtype) if masks.additive is not None else masks.allowed
     if attn_bias is not None:
         bias = attn_bias.to(q.dtype)
@@ -141,7 +171,5 @@ def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
             mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
         else:
             empty = None
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=t
-    )
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=t)
     return out.masked_fill(empty, 0.0) if empty is not None else out

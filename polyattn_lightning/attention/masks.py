@@ -8,6 +8,12 @@ Conventions (those of PyTorch):
   that may attend (as in ``scaled_dot_product_attention``), or float additive
   (0 keeps, a negative value such as Swin's -100 or -inf masks).
 
+* ``is_causal``: query ``i`` attends keys ``0 .. i + Nk - Nq`` (bottom-right
+  aligned, as a KV cache needs: the last query sees every key; keys ``0 .. i``
+  when ``Nq == Nk``). It is kept as that diagonal offset ``Nk - Nq``
+  (``Masks.causal``), never as an ``Nq x Nk`` tensor: the kernels skip the
+  tiles above the diagonal and mask only the tiles it crosses.
+
 Softmax hands the additive mask to SDPA unchanged. Every other activation
 turns it into a boolean "allowed" mask: a masked key must contribute exactly
 nothing, and feeding -100 into ``x^3`` would not do that.
@@ -17,15 +23,19 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
 class Masks(NamedTuple):
     """``allowed``: bool broadcastable to (B, H, Nq, Nk), or None when every pair may attend.
-    ``additive``: the float mask for softmax (None if none was given)."""
+    ``additive``: the float mask for softmax (None if none was given).
+    ``causal``: the causal diagonal offset ``Nk - Nq`` (query i attends keys j <= i + causal),
+    None when not causal; it is not merged into ``allowed``."""
 
     allowed: Tensor | None
     additive: Tensor | None
+    causal: int | None = None
 
 
 def check_broadcast(name: str, mask: Tensor, target: tuple[int, ...]) -> None:
@@ -47,8 +57,9 @@ def normalize_masks(
     attn_mask: Tensor | None,
     *,
     softmax: bool,
+    is_causal: bool = False,
 ) -> Masks:
-    """Check both masks against q/k and merge them into one ``Masks``."""
+    """Check both masks against q/k and merge them into one ``Masks`` (causality as an offset only)."""
     B, H, Nq, _ = q.shape
     Nk = k.shape[-2]
     target = (B, H, Nq, Nk)
@@ -80,17 +91,53 @@ def normalize_masks(
     if allowed is not None:
         while allowed.dim() < 4:
             allowed = allowed.unsqueeze(0)
-    return Masks(allowed, additive)
+    return Masks(allowed, additive, Nk - Nq if is_causal else None)
 
 
-def keys_per_row(allowed: Tensor | None, num_keys: int, device: torch.device) -> Tensor:
+def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+    """The bottom-right causal mask, bool ``(Nq, Nk)``, True where query i may attend key j <= i + Nk - Nq.
+
+    Materialised only where a dense mask is needed anyway (softmax with another mask, the
+    materialized kernel, the diagnostics); the tiled kernels never build it.
+    """
+    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
+
+
+def with_causal(allowed: Tensor | None, causal: int | None, num_queries: int, num_keys: int,
+                device: torch.device) -> Tensor | None:
+    """``allowed`` and the causal mask in one dense bool mask (``allowed`` itself when not causal)."""
+    if causal is None:
+        return allowed
+    tri = causal_mask(num_queries, num_keys, device)
+    return tri if allowed is None else allowed & tri
+
+
+def keys_per_row(allowed: Tensor | None, num_keys: int, device: torch.device, causal: int | None = None) -> Tensor:
     """N in the paper's scales: the number of keys each query may attend to, fp32.
 
     Shape broadcasts to (B, H, Nq, 1); a plain ``num_keys`` when nothing is masked.
+    With ``causal`` (the offset ``Nk - Nq``) N grows along the sequence: ``i + 1 + causal``
+    keys for query i, clamped to ``[0, Nk]``, less the padded ones among them (a
+    cumulative count of a key-only mask; no ``Nq x Nk`` tensor unless ``allowed`` is pairwise).
     """
+    if causal is not None:
+        return _causal_keys_per_row(allowed, num_keys, device, causal)
     if allowed is None:
         return torch.full((1, 1, 1, 1), float(num_keys), device=device)
     counts = allowed.sum(dim=-1, keepdim=True, dtype=torch.float32)
     if allowed.shape[-1] == 1:  # broadcast along keys: every key shares the verdict
         counts = counts * num_keys
     return counts
+
+
+def _causal_keys_per_row(allowed: Tensor | None, num_keys: int, device: torch.device, causal: int) -> Tensor:
+    num_queries = num_keys - causal
+    reach = (torch.arange(num_queries, device=device) + (causal + 1)).clamp_(0, num_keys)  # keys 0 .. reach - 1
+    if allowed is None:
+        return reach.to(torch.float32).view(1, 1, num_queries, 1)
+    if allowed.shape[-1] == 1:  # the same verdict for every key of a row
+        return allowed.to(torch.float32) * reach.to(torch.float32).view(num_queries, 1)
+    if allowed.shape[-2] == 1:  # key-only (padding): allowed keys among the first reach[i]
+        before = F.pad(allowed[..., 0, :].cumsum(-1, dtype=torch.float32), (1, 0))  # (..., Nk + 1)
+        return before[..., reach].unsqueeze(-1)
+    return (allowed & causal_mask(num_queries, num_keys, device)).sum(dim=-1, keepdim=True, dtype=torch.float32)

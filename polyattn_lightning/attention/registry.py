@@ -235,11 +235,16 @@ def softmax() -> Activation:
     return Activation("softmax")
 
 
+#: The powers ``poly{p}`` accepts: a higher one is far more likely a typo (``poly33`` for ``poly3``) than meant.
+POLY_POWERS = range(1, 9)
+
+
 @register_activation("poly{p}")
 def poly(p: int, scale: float | str = "inv_sqrt_n") -> Activation:
-    """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N))."""
-    if p < 1:
-        raise ConfigError(f"poly power must be an integer >= 1, got {p}")
+    """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N)); powers 1-8."""
+    if p not in POLY_POWERS:
+        raise ConfigError(f"poly{p}: the power must be an integer from {POLY_POWERS.start} to {POLY_POWERS.stop - 1}, "
+                          f"got {p}")
     fn, grad = partial(_power, p=p), partial(_power_grad, p=p)
     return Activation(f"poly{p}", fn, grad, scale=scale, kernel=("poly", p), associative=(p == 1))
 

@@ -26,10 +26,11 @@ import yaml
 from torch import nn
 
 from ..attention import get_activation
+from . import CONFIGS
 from .timing import interleaved, machine
 
-#: The detector benchmarked when ``--config`` is not given (a source checkout's configs/).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml"
+#: The detector benchmarked when ``--config`` is not given (shipped with the package).
+DEFAULT_CONFIG = CONFIGS / "detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml"
 DEFAULT_POLY3 = "{name: poly3, scale: 0.0714}"
 
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.config.is_file():
-        parser.error(f"--config {args.config}: no such file (the default lives in a source checkout's configs/)")
+        parser.error(f"--config {args.config}: no such file")
     attention = yaml.safe_load(args.attention)
     try:
         label = get_activation(attention).name

@@ -30,21 +30,25 @@ from pathlib import Path
 from ..callbacks.attention_maps import attention_pictures
 from ..callbacks.attention_norms import AttentionNorms, probe_batch
 from ..cli import make_cli
+from . import CONFIGS
 from .timing import machine
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "classification" / "quickstart.yaml"
+QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
+#: The standard callbacks both runs leave out; the timed one keeps ``norms``.
+OFF = ("checkpoint", "last_checkpoint", "lr_monitor", "resume", "nan_guard", "predictions")
 
 
 def _fit(config: Path, epochs: int, every: int | None, root: str, hook_seconds: list[float]) -> tuple[float, object]:
     """Seconds of one ``fit``; ``every``: the norm callback's period, None: without it. The seconds spent in
     the callback's hook, one entry per training batch, go to ``hook_seconds``."""
+    off = [*OFF, "norms"] if every is None else list(OFF)
     args = ["--config", str(config), "--trainer.callbacks=[]", "--trainer.max_epochs", str(epochs),
             "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
             "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-            "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", root]
+            "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", root,
+            "--callbacks_off", f"[{', '.join(off)}]"]
     if every is not None:
-        args += ["--trainer.callbacks+=polyattn_lightning.callbacks.AttentionNorms",
-                 f"--trainer.callbacks.every_n_steps={every}"]
+        args += ["--norms.every_n_steps", str(every)]
     cli = make_cli(args, run=False)
     for callback in cli.trainer.callbacks:
         if isinstance(callback, AttentionNorms):

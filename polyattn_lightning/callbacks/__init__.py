@@ -1,10 +1,14 @@
-"""Task-agnostic callbacks for long cluster runs; importing this package makes their short names usable in YAML."""
+"""Task-agnostic callbacks for long cluster runs. The CLI adds the standard ones to every run under short keys
+(``--nan_guard.on_nonfinite skip``: :mod:`.standard`); the opt-in ones go in ``trainer.callbacks`` by class
+name or full path (``--trainer.callbacks+=AttentionMaps``; jsonargparse finds any imported Callback subclass)."""
 from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
+from .preemption import SlurmPreemption
 from .resume import ExactResume
 
 __all__ = [
     "AttentionMaps", "AttentionNorms", "ExactResume", "NonFiniteLossError", "NonFiniteLossGuard", "PredictionWriter",
+    "SlurmPreemption",
 ]

@@ -1,19 +1,20 @@
 """``polyattn check-data --config CONFIG.yaml [--data.root DIR ...] [--workers N]``
 
-Decodes every image of the config's data set (train, val and test splits) once, in
-parallel with a progress bar, and lists every file that cannot be read, so a data set
-with a few bad files among a million costs one check, not one crashed run per file.
-Takes the same ``--config`` and ``--data.*`` arguments as ``polyattn fit``; no model is
-built. Exits with status 0 when every image reads, 2 (after listing them all) otherwise.
-``--data.check_images true`` runs the same check at the start of training.
+Decodes every image file of the config's data set (image folders, Tiny-ImageNet, COCO, LRA
+Pathfinder: the DataModule's ``image_files()``) once, in parallel with a progress bar, and lists
+every file that cannot be read, so a data set with a few bad files among a million costs one
+check, not one crashed run per file. Takes the same ``--config`` and ``--data.*`` arguments as
+``polyattn fit``; no model is built. Exits with status 0 when every image reads, 2 (after listing
+them all) otherwise. ``--data.check_images true`` runs the same check at the start of training.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..cli import PolyattnCLI, check_config, make_cli
-from ..data.image_folder import find_unreadable_images
+from ..cli import PolyattnCLI, check_config, make_cli, resolve_task_defaults
+from ..data.base import DataModule
+from ..data.image_check import find_unreadable_images
 from ..errors import ConfigError, DataError
 
 
@@ -30,14 +31,23 @@ class DataOnlyCLI(PolyattnCLI):
     def _data_only(self):
         config = self.config.clone()
         config.model = None
+        resolve_task_defaults(config)  # the standard best checkpoint is built too (never used here)
         return config
+
+
+def image_paths(datamodule) -> list[str]:
+    """The DataModule's ``image_files()`` (another LightningDataModule: its splits' ``samples``)."""
+    datamodule.prepare_data()  # a generated set (the synthetic COCO shapes) is written first
+    if hasattr(datamodule, "image_files"):
+        return datamodule.image_files()
+    return DataModule.image_files(datamodule)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polyattn check-data", description=__doc__.split("\n\n")[1],
                                 epilog="Further --data.* / --model.* arguments are passed on as for `polyattn fit`.")
     p.add_argument("--config", "-c", action="append", required=True, help="experiment config (repeat to compose)")
-    p.add_argument("--workers", type=int, default=None, help="decoding processes (default: every CPU)")
+    p.add_argument("--workers", type=int, default=None, help="decoding processes (default: the CPUs this process may use)")
     return p
 
 
@@ -49,8 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     datamodule = make_cli([*config_args, *overrides], run=False, cli_class=DataOnlyCLI).datamodule
     if datamodule is None:
         raise ConfigError(f"{', '.join(args.config)} names no data (data: class_path ...)")
-    datamodule.setup("fit")
-    paths = datamodule.image_files()  # DataModule.image_files: every split's image files, once each
+    paths = image_paths(datamodule)
     name = type(datamodule).__name__
     if not paths:
         print(f"{name} reads no image files (nothing to check)")

@@ -57,6 +57,8 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
     overrides = {"pretrained": None} if hparams.get("pretrained") else {}  # the checkpoint's weights replace them
     # Lightning's loader: it also rebuilds hyperparameters the CLI saved as plain dicts (recipes) into their types
     module = cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, **overrides)
+    print(f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors, saved at epoch "
+          f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}")
     return module.eval()
 
 

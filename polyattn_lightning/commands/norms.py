@@ -150,9 +150,12 @@ def main(argv: list[str] | None = None) -> Path:
             series = read_norms(run)
             if series:
                 runs[run_label(run, root)] = series
+            else:
+                print(f"skipped {run}: its logs hold no attention norms (run with --callbacks_off [norms], or "
+                      "stopped before the first probe step)")
     if not runs:
-        raise ConfigError(f"no attention norms logged under {', '.join(map(str, args.runs))}: train with the "
-                         "AttentionNorms callback (configs/trainer/callbacks/attention_norms.yaml)")
+        raise ConfigError(f"no attention norms logged under {', '.join(map(str, args.runs))}: the standard norms "
+                         "callback logs them (every --norms.every_n_steps steps) unless --callbacks_off names it")
     fig = norms_figure(runs, args.layer, args.quantity or list(QUANTITIES.values()), log=not args.linear)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=args.dpi)

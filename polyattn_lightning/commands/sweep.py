@@ -31,6 +31,7 @@ from ..errors import ConfigError, MissingPathError
 QUIET = {
     "--trainer.logger": "false",
     "--trainer.callbacks": "[]",
+    "--callbacks_off": "[norms, predictions]",  # no logger to log norms to; nothing predicted
     "--trainer.enable_checkpointing": "false",
     "--trainer.enable_progress_bar": "false",
     "--trainer.enable_model_summary": "false",

@@ -8,6 +8,7 @@ resumable loaders) is made once.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -53,6 +54,13 @@ class ImageList(Dataset):
         return (self.transform(image) if self.transform else image), label
 
 
+def available_cpus(cap: int | None = 8) -> int:
+    """The CPUs this process may run on (its affinity mask: a SLURM or container share, not the whole machine),
+    at most ``cap``: the default loader worker count."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(count, cap) if cap else count)
+
+
 def require_dir(path: Path, layout: str) -> Path:
     """``path`` if it is a non-empty directory, else an error naming it and the expected layout."""
     if not path.is_dir():
@@ -86,15 +94,6 @@ class DataModule(pl.LightningDataModule):
         :class:`~polyattn_lightning.errors.MissingPathError` naming a data path that cannot be right (the default
         checks nothing: data generated on first use has no path)."""
 
-    def image_files(self) -> list[str]:
-        """The image files of every split, once each, for ``polyattn check-data`` (set up first). The default
-        lists the ``(path, label)`` ``samples`` of the splits' data sets; data with no image files lists none."""
-        paths: dict[str, None] = {}
-        for dataset in (self.train_set, self.val_set, self.test_set):
-            for sample in getattr(dataset, "samples", ()):
-                paths[str(sample[0])] = None
-        return list(paths)
-
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """
         Args:
@@ -109,6 +108,19 @@ class DataModule(pl.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.predict_set: Dataset | None = None  # None: predict the test (else validation) split
+
+    def image_files(self) -> list[str]:
+        """Every image file this data set reads, once each: what ``polyattn check-data`` (and ``check_images``)
+        decodes. Here: the ``(path, label)`` ``samples`` of the splits after ``setup("fit")``; data held in
+        memory has none; COCO and Pathfinder name theirs without loading them."""
+        if getattr(self, "train_set", None) is None:  # also for another LightningDataModule (check-data)
+            self.setup("fit")
+        paths: dict[str, None] = {}
+        for split in ("train_set", "val_set", "test_set"):
+            for sample in getattr(getattr(self, split, None), "samples", ()):
+                paths[str(sample[0])] = None
+        return list(paths)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -135,7 +147,7 @@ class DataModule(pl.LightningDataModule):
         return self._loader(self._test_or_val(), train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self._test_or_val(), train=False)
+        return self._loader(self.predict_set if self.predict_set is not None else self._test_or_val(), train=False)
 
     def _test_or_val(self) -> Dataset | None:
         return self.test_set if self.test_set is not None else self.val_set

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ConfigError, DataError, MissingPathError
 from .base import DataModule
+from .image_check import require_readable
 from .synthetic_coco import SyntheticCOCO, default_root, ensure_synthetic_coco
 
 LAYOUT = """  <root>/annotations/instances_train2017.json
@@ -155,6 +156,7 @@ class COCODataModule(DataModule):
         min_size: int = 32,
         synthetic: SyntheticCOCO | None = None,
         synthetic_root: str | None = None,
+        check_images: bool = False,
     ):
         """
         Args:
@@ -176,6 +178,8 @@ class COCODataModule(DataModule):
                 None requires ``root``.
             synthetic_root: where the synthetic set is written; default
                 ``$XDG_CACHE_HOME/polyattn_lightning/synthetic_coco`` (``~/.cache/...``).
+            check_images: in ``setup``, decode every listed image once (in parallel) and stop with a list of all
+                the files that cannot be read, rather than at the first one mid-epoch.
         """
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=False)
         self.root = root
@@ -188,6 +192,7 @@ class COCODataModule(DataModule):
         self.min_size = min_size
         self.synthetic = synthetic
         self.synthetic_root = synthetic_root
+        self.check_images = check_images
         self.classes: list[str] | None = None  # the classes trained on, read from the annotation files in setup()
         self.category_ids: list[int] | None = None  # the annotation file's id of each class, by label
 
@@ -241,9 +246,25 @@ class COCODataModule(DataModule):
                 raise COCODataError(f"the categories of {ann_file} ({classes}) differ from those of the other "
                                     f"split ({self.classes})")
             self.classes, self.category_ids = classes, [cat["id"] for cat in categories]
+        if self.check_images:
+            require_readable(self.image_files(splits))
         if stage == "fit":
             self.train_set = self._dataset("train2017", train=True)
         self.val_set = self._dataset("val2017", train=False)
+
+    def image_files(self, splits: Sequence[str] = ("train2017", "val2017")) -> list[str]:
+        """The image file of every image the annotation files of ``splits`` list (read without mmdet)."""
+        files = []
+        for split in splits:
+            ann_file, img_dir = self.split_paths(split)
+            if not ann_file.is_file():
+                raise MissingPathError(f"annotation file {ann_file} does not exist; expected layout:\n{LAYOUT}")
+            try:
+                images = json.loads(ann_file.read_text())["images"]
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+                raise COCODataError(f"cannot read the images of COCO annotation file {ann_file}: {err}") from err
+            files += [str(img_dir / image["file_name"]) for image in images]
+        return files
 
     def _dataset(self, split: str, train: bool):
         CocoDataset, transforms, _ = _mmdet()

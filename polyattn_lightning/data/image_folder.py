@@ -1,52 +1,16 @@
 """ImageNet-1k style ``train/<class>/*`` and ``val/<class>/*`` folders."""
 from __future__ import annotations
 
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-from tqdm import tqdm
 
 from ..errors import MissingPathError
-from .base import CorruptImageError, DataModule, ImageList, read_rgb, require_dir
+from .base import DataModule, ImageList, available_cpus, require_dir
+from .image_check import require_readable
 from .transforms import AugmentRecipe, build_transform
 
 Samples = list[tuple[str, int]]
-#: How many unreadable files an error message lists; ``polyattn check-data`` prints them all.
-SHOWN_BAD_FILES = 20
-
-
-def _read_error(path: str) -> str | None:
-    try:
-        read_rgb(path)
-    except CorruptImageError as err:
-        return str(err.__cause__ or err)
-    return None
-
-
-def find_unreadable_images(paths: Sequence[str], workers: int | None = None, progress: bool = True) -> dict[str, str]:
-    """Every file of ``paths`` that PIL cannot decode, with why, from one pass over all of them.
-
-    ``workers`` processes (default: every CPU) decode the files in parallel; ``progress`` shows a progress bar.
-    """
-    workers = workers or os.cpu_count() or 1
-    bar = dict(total=len(paths), desc="checking images", unit="img", disable=not progress, mininterval=0.5)
-    if workers == 1:
-        results = tqdm(map(_read_error, paths), **bar)
-        return {path: error for path, error in zip(paths, results) if error is not None}
-    with ProcessPoolExecutor(workers) as pool:
-        results = tqdm(pool.map(_read_error, paths, chunksize=max(1, min(256, len(paths) // (8 * workers)))), **bar)
-        return {path: error for path, error in zip(paths, results) if error is not None}
-
-
-def unreadable_message(bad: dict[str, str], total: int) -> str:
-    """``N of M images cannot be read:`` and the first :data:`SHOWN_BAD_FILES` files with why."""
-    lines = [f"  {path}: {error}" for path, error in list(bad.items())[:SHOWN_BAD_FILES]]
-    if len(bad) > SHOWN_BAD_FILES:
-        lines.append(f"  ... and {len(bad) - SHOWN_BAD_FILES} more (`polyattn check-data --config ...` lists all)")
-    return "\n".join([f"{len(bad)} of {total} images cannot be read:", *lines])
 
 
 class ImageFolderDataModule(DataModule):
@@ -64,9 +28,10 @@ class ImageFolderDataModule(DataModule):
         img_size: int = 224,
         augment: AugmentRecipe = AugmentRecipe(),
         batch_size: int = 64,
-        num_workers: int = 8,
+        num_workers: int = available_cpus(),
         pin_memory: bool = True,
         check_images: bool = False,
+        predict_root: str | None = None,
     ):
         """
         Args:
@@ -75,16 +40,20 @@ class ImageFolderDataModule(DataModule):
             img_size: side of the square training and evaluation crops; must equal the model's ``img_size``.
             augment: training augmentation (DeiT's by default).
             batch_size: per-device batch size (the task scales the learning rate by the global batch).
-            num_workers: loader worker processes per device, which decode the images.
+            num_workers: loader worker processes per device, which decode the images (default: the CPUs this
+                process may use, at most 8).
             pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).
             check_images: before training, decode every image once (in parallel) and stop with a list of all the
                 files that cannot be read, rather than at the first one mid-epoch.
+            predict_root: ``predict`` reads every image under this folder (any layout, no labels) instead of the
+                validation split; its files and class probabilities go to the predictions file.
         """
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
         self.root = Path(root).expanduser()
         self.img_size = img_size
         self.augment = augment
         self.check_images = check_images
+        self.predict_root = None if predict_root is None else Path(predict_root).expanduser()
 
     @classmethod
     def check_paths(cls, root: str, **_) -> None:
@@ -96,12 +65,21 @@ class ImageFolderDataModule(DataModule):
         self.num_classes = len(classes)
         self.classes = classes  # names by class index, for predictions
         if self.check_images:
-            paths = [path for path, _ in train + val]
-            bad = find_unreadable_images(paths, workers=max(1, self.num_workers))
-            if bad:
-                raise CorruptImageError(unreadable_message(bad, len(paths)))
+            require_readable([path for path, _ in train + val])
         self.train_set = ImageList(train, build_transform(self.img_size, True, self.augment))
         self.val_set = ImageList(val, build_transform(self.img_size, False, self.augment))
+        if stage == "predict" and self.predict_root is not None:
+            self.predict_set = ImageList(self.predict_samples(), build_transform(self.img_size, False, self.augment))
+
+    def predict_samples(self) -> Samples:
+        """Every image file under ``predict_root`` (sorted, any depth), labelled -1: nothing to score against."""
+        root = self.predict_root
+        if not root.is_dir():
+            raise MissingPathError(f"--data.predict_root {root}: no such folder (it should hold the images to predict)")
+        files = sorted(str(p) for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+        if not files:
+            raise MissingPathError(f"--data.predict_root {root} holds no image files ({', '.join(IMG_EXTENSIONS)})")
+        return [(path, -1) for path in files]
 
     def find_samples(self, root: Path) -> tuple[list[str], Samples, Samples]:
         """Class names and the ``(path, label)`` lists of the train and val splits."""

@@ -6,7 +6,7 @@ from pathlib import Path
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from ..errors import DataError, MissingPathError
-from .base import require_dir
+from .base import available_cpus, require_dir
 from .image_folder import ImageFolderDataModule, Samples
 from .transforms import AugmentRecipe
 
@@ -29,9 +29,10 @@ class TinyImageNetDataModule(ImageFolderDataModule):
         img_size: int = 64,
         augment: AugmentRecipe = AugmentRecipe(),
         batch_size: int = 128,
-        num_workers: int = 8,
+        num_workers: int = available_cpus(),
         pin_memory: bool = True,
         check_images: bool = False,
+        predict_root: str | None = None,
     ):
         """
         Args:
@@ -43,8 +44,9 @@ class TinyImageNetDataModule(ImageFolderDataModule):
             num_workers: loader worker processes per device, which decode the images.
             pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).
             check_images: decode every image once before training and list all unreadable files.
+            predict_root: ``predict`` reads every image under this folder (no labels) instead of the val split.
         """
-        super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory, check_images)
+        super().__init__(root, img_size, augment, batch_size, num_workers, pin_memory, check_images, predict_root)
 
     def find_samples(self, root: Path) -> tuple[list[str], Samples, Samples]:
         wnids_file = root / "wnids.txt"

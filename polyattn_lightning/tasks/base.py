@@ -23,12 +23,12 @@ A task family writes its model, its data and its ``training_step``; this base do
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import lightning.pytorch as pl
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -220,12 +220,12 @@ class TaskModule(pl.LightningModule):
             rank_zero_info(f"testing the best checkpoint by {best.monitor}: {best.best_model_path}"
                            + (f" ({best.monitor} {float(score):.4f})" if score is not None else ""))
             trainer.test(self, datamodule=trainer.datamodule, ckpt_path=best.best_model_path)
-        elif SLURMEnvironment.detect():  # ckpt_path=None would load the requeue ("hpc") checkpoint there
-            rank_zero_warn("no best checkpoint was saved: the test after fit is skipped (run `lightning test "
-                           "--ckpt_path ...`)")
         else:
-            rank_zero_warn("no best checkpoint was saved: testing the weights at the end of training")
-            trainer.test(self, datamodule=trainer.datamodule)
+            # an explicit file, never None: under SLURM Lightning resolves None to the newest requeue ("hpc") checkpoint
+            ckpt_path = os.path.join(trainer.default_root_dir, "end_of_fit.ckpt")
+            rank_zero_warn(f"no best checkpoint was saved: testing the weights at the end of training ({ckpt_path})")
+            trainer.save_checkpoint(ckpt_path)
+            trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)
 
 
 def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage: str) -> None:

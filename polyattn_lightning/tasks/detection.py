@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import logging
 import os
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any
 
 import yaml
 from jsonargparse.typing import Path_fr
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 
 from ..attention import ActivationSpec
@@ -29,6 +31,9 @@ from .optim import OptimRecipe
 
 #: CocoMetric's summary numbers, logged as ``val/<iou type>_<item>`` (e.g. ``val/bbox_mAP_50``).
 METRIC_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
+#: The run folder's file that keeps pycocotools' full tables of every evaluation (the console gets one line per IoU type).
+COCO_REPORT = "coco_eval.txt"
+log = logging.getLogger(__name__)
 
 
 def _mmdet_detection():
@@ -53,6 +58,15 @@ def _quiet_mmengine():
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _pycocotools_output():
+    """What pycocotools prints (``loading annotations``, the 12-line summary tables), kept in the yielded buffer
+    instead of the console; mmengine's info lines are dropped (the same numbers)."""
+    buffer = io.StringIO()
+    with _quiet_mmengine(), contextlib.redirect_stdout(buffer):
+        yield buffer
 
 
 def load_detector_config(detector: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
@@ -141,7 +155,9 @@ def _by_image(results: list[dict]) -> list[dict]:
 def coco_metric(ann_file: str | os.PathLike, class_names: list[str], with_mask: bool):
     """mmdet's ``CocoMetric`` scoring boxes (and masks) against ``ann_file`` with these classes."""
     _, _, metric_class = _mmdet_detection()
-    metric = metric_class(ann_file=str(ann_file), metric=["bbox", "segm"] if with_mask else ["bbox"])
+    with _pycocotools_output() as output:
+        metric = metric_class(ann_file=str(ann_file), metric=["bbox", "segm"] if with_mask else ["bbox"])
+    log.debug(output.getvalue())
     metric.dataset_meta = {"classes": tuple(class_names)}
     return metric
 
@@ -164,7 +180,8 @@ class DetectionModule(TaskModule):
     The class count is the DataModule's unless given (here or by the config's heads, not both).
     """
 
-    monitor = "val/bbox_mAP"
+    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
+    monitor, mode = "val/bbox_mAP", "max"
     data_args = ("num_classes",)
 
     def __init__(
@@ -305,10 +322,26 @@ class DetectionModule(TaskModule):
     def _log_coco(self, stage: str) -> None:
         """Score every rank's detections together, once, on rank 0; every rank logs the same numbers."""
         results, self._results = _by_image(_gather(self._results)), []
-        scores = coco_scores(self._metric, results) if self.trainer.is_global_zero else None
+        scores = None
+        if self.trainer.is_global_zero:
+            with _pycocotools_output() as output:
+                scores = coco_scores(self._metric, results)
+            self._report_coco(stage, scores, output.getvalue())
         scores = self.trainer.strategy.broadcast(scores, src=0)
         for name, value in scores.items():
             self.log(f"{stage}/{name}", value, prog_bar=name.endswith("mAP_50"))
+
+    def _report_coco(self, stage: str, scores: dict[str, float], tables: str) -> None:
+        """One console line per IoU type; pycocotools' full tables to the debug log and the run folder's
+        :data:`COCO_REPORT`."""
+        where = f"{stage} (step {self.trainer.global_step}, {len(self._metric.img_ids)} images)"
+        for kind in self._metric.metrics:
+            rank_zero_info(f"{where} {kind}: " + ", ".join(f"{item} {scores[f'{kind}_{item}']:.3f}" for item in METRIC_ITEMS))
+        log.debug(tables)
+        if self.trainer.log_dir is not None and tables:
+            Path(self.trainer.log_dir).mkdir(parents=True, exist_ok=True)
+            with open(Path(self.trainer.log_dir) / COCO_REPORT, "a") as file:
+                file.write(f"==== {where}\n{tables}\n")
 
     # ---- prediction files --------------------------------------------------------------------------
 

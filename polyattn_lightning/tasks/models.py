@@ -138,10 +138,14 @@ def create_timm_model(
     check_model_name(model_name)
     if img_size is not None:
         model_kwargs["img_size"] = img_size
-    if pretrained is None:
-        return timm.create_model(model_name, num_classes=num_classes, drop_path_rate=drop_path_rate, **model_kwargs)
-    overlay, file, shapes = pretrained_overlay(pretrained)
-    model = timm.create_model(model_name, num_classes=num_classes, drop_path_rate=drop_path_rate, pretrained=True,
-                              pretrained_cfg_overlay=overlay, **model_kwargs)
-    rank_zero_info(loading_report(file, shapes, model))
+    given = dict(model_kwargs)
+    overlay, file, shapes = pretrained_overlay(pretrained) if pretrained is not None else (None, None, None)
+    if overlay is not None:
+        model_kwargs.update(pretrained=True, pretrained_cfg_overlay=overlay)
+    try:
+        model = timm.create_model(model_name, num_classes=num_classes, drop_path_rate=drop_path_rate, **model_kwargs)
+    except (TypeError, ValueError, AssertionError, KeyError) as err:  # an argument the class does not take or accept
+        raise ConfigError(f"timm cannot build {model_name} with model_kwargs {given}: {type(err).__name__}: {err}") from err
+    if file is not None:
+        rank_zero_info(loading_report(file, shapes, model))
     return model

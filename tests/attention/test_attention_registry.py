@@ -14,6 +14,7 @@ from polyattn_lightning.attention import (
     registered_activations,
 )
 from polyattn_lightning.attention import registry
+from polyattn_lightning.errors import ConfigError
 
 
 @pytest.fixture
@@ -37,6 +38,13 @@ def test_builtins_resolve_with_their_paper_scales():
     assert get_activation("relu").scale == "inv_n" and get_activation("softplus").scale == "inv_n"
     assert get_activation("sigmoid").shift == "neg_log_n"
     assert get_activation("softmax").is_softmax
+
+
+@pytest.mark.parametrize("name", ["poly0", "poly9", "poly33"])
+def test_poly_powers_beyond_1_to_8_are_an_error_naming_the_power_and_range(name):
+    assert get_activation("poly8").kernel == ("poly", 8)
+    with pytest.raises(ConfigError, match=rf"{name}: the power must be an integer from 1 to 8, got {name[4:]}"):
+        get_activation(name)
 
 
 def test_yaml_style_spec_with_scale():

@@ -122,7 +122,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert "Does not validate against any of the Union subtypes" not in results[9]["output"]
     # errors found after the run started: still short, and no empty version folder left behind
     assert_short_error(results[10], "model.init_args.num_classes is 5 but ImageFolderDataModule has 3 classes")
-    assert f"to {Path('runs/folder/version_0')}\n" in results[10]["output"]
+    assert f"to {Path('runs/classification/folder/version_0')}\n" in results[10]["output"]
     assert_short_error(results[11], "model.init_args.img_size is 32 but data.init_args.img_size is 16")
     assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
@@ -156,7 +156,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     write_folder(project / "imgs5", classes=("a", "b", "c", "d", "e"), train=1, val=1)
     short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "1",
              "--trainer.enable_progress_bar", "false"]
-    ckpt = "runs/folder/version_0/checkpoints/last.ckpt"
+    ckpt = "runs/classification/folder/version_0/checkpoints/last.ckpt"
     results = run(
         project,
         ["fit", "--config", "folder.yaml", *short, "--model.pretrained", "in1k.safetensors"],
@@ -171,13 +171,13 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert "re-initialised: head.weight, head.bias (the file has 1000 classes, the model 3)" in fit_output
     assert "resampled: pos_embed [1, 65, 32] -> [1, 17, 32]" in fit_output
     run_dir = project / "runs" / "folder" / "version_0"
-    assert f"writing logs, config and checkpoints/ to {Path('runs/folder/version_0')}" in fit_output
-    assert "wrote runs/folder/version_0/: " in fit_output and "checkpoints/last.ckpt" in fit_output
+    assert f"writing logs, config and checkpoints/ to {Path('runs/classification/folder/version_0')}" in fit_output
+    assert "wrote runs/classification/folder/version_0/: " in fit_output and "checkpoints/last.ckpt" in fit_output
     for noise in ("No CUDA runtime is found", "litlogger", "LeafSpec", "pin_memory"):  # every CPU run printed them
         assert noise not in fit_output
 
     assert results[1]["rc"] == 0, results[1]["output"]
-    assert "checkpoint runs/folder/version_0/checkpoints/last.ckpt:" in results[1]["output"]  # the --ckpt_path report
+    assert "checkpoint runs/classification/folder/version_0/checkpoints/last.ckpt:" in results[1]["output"]  # the --ckpt_path report
     assert (run_dir / "validate_last" / "config.yaml").is_file()
     assert "dirpath has changed" not in results[1]["output"]
     assert results[2]["rc"] == 0, results[2]["output"]
@@ -192,7 +192,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
                                "ImageFolderDataModule has 5 classes")
     assert "set model.init_args.num_classes" not in error
     assert results[4]["rc"] == 0, results[4]["output"]
-    assert (project / "runs" / "folder_relu" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert (project / "runs" / "classification" / "folder_relu" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_check_data_names_every_unreadable_image(project: Path):

@@ -186,3 +186,23 @@ def test_an_undecodable_image_is_named_when_loaded(coco_root, tmp_path):
     index = [data.val_set.get_data_info(i)["img_id"] for i in range(len(data.val_set))].index(11)
     with pytest.raises(ImageLoadError, match=r"instances_val2017.json: image id 11 \(.*000000000011.jpg\)"):
         data.val_set[index]
+
+
+def test_check_data_and_check_images_name_every_corrupt_jpeg_of_a_coco_folder(coco_root, tmp_path, capsys):
+    from polyattn_lightning.commands import check_data
+    from polyattn_lightning.data.base import CorruptImageError
+    from polyattn_lightning.errors import DataError
+
+    root = copy_set(coco_root, tmp_path / "set")
+    bad = [root / "train2017" / "000000000003.jpg", root / "val2017" / "000000000011.jpg"]
+    bad[0].write_bytes(bad[0].read_bytes()[:100])  # truncated
+    bad[1].write_bytes(b"not a jpeg at all")
+    config = Path(__file__).parents[2] / "configs" / "detection" / "quickstart.yaml"
+    with pytest.raises(DataError, match=r"2 of 13 images of COCODataModule cannot be read"):
+        check_data.main(["--config", str(config), "--data.root", str(root), "--workers", "2"])
+    listing = capsys.readouterr().out
+    assert all(f"{path}: " in listing for path in bad)
+    with pytest.raises(CorruptImageError, match="2 of 13 images cannot be read") as error:
+        tiny_data(root, check_images=True).setup("fit")
+    assert all(str(path) in str(error.value) for path in bad)
+    tiny_data(coco_root, check_images=True).setup("fit")  # an intact set passes

@@ -111,7 +111,7 @@ def _fit(tmp_path, callbacks, loggers=False, steps=5):
     return recorder.losses, module, trainer
 
 
-def test_callbacks_log_norms_and_maps_and_leave_training_bitwise_unchanged(tmp_path):
+def test_callbacks_log_norms_and_maps_and_leave_training_bitwise_unchanged(tmp_path, capsys):
     loggers = [TensorBoardLogger(tmp_path / "with", name="tb"), CSVLogger(tmp_path / "with", name="csv")]
     callbacks = [AttentionNorms(every_n_steps=2, probe_size=4), AttentionMaps(probe_size=4, samples=2)]
     with_losses, with_module, trainer = _fit(tmp_path / "with", callbacks, loggers)
@@ -141,8 +141,13 @@ def test_callbacks_log_norms_and_maps_and_leave_training_bitwise_unchanged(tmp_p
         assert [step for step, _ in points] == [0, 2, 4]
         torch.testing.assert_close(torch.tensor(from_tensorboard[key]), torch.tensor(points), rtol=1e-6, atol=0)
     out = tmp_path / "norms.png"
+    (tmp_path / "with" / "no_norms").mkdir()
+    (tmp_path / "with" / "no_norms" / "metrics.csv").write_text("step,train/loss\n0,2.3\n")  # a run without them
     cli.main(["norms", str(tmp_path / "with"), "--layer", "2", "--out", str(out)])
     assert out.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert f"skipped {tmp_path / 'with' / 'no_norms'}: its logs hold no attention norms" in printed
+    assert "(2 runs)" in printed  # the TensorBoard and the CSV run
 
     # the probe travels in checkpoints (a resumed run measures the same samples), loadable with weights_only
     trainer.save_checkpoint(tmp_path / "run.ckpt")

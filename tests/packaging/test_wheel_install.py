@@ -71,6 +71,18 @@ def test_wheel_ships_every_kernel_source():
     assert set(csrc.iterdir()) - {csrc / "__pycache__"} <= shipped
 
 
+def test_wheel_ships_every_config():
+    """The benches' defaults (and the experiments) come with a wheel: ``polyattn_lightning/configs`` is ``configs/``."""
+    import tomllib
+
+    from polyattn_lightning.bench import CONFIGS
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["polyattn_lightning"]
+    assert CONFIGS.resolve() == (ROOT / "configs").resolve()
+    shipped = {path.resolve() for pattern in patterns for path in CONFIGS.parent.glob(pattern)}
+    assert {path.resolve() for path in (ROOT / "configs").rglob("*") if path.is_file()} <= shipped
+
+
 @pytest.mark.slow
 def test_installed_wheel_builds_and_runs_the_cpp_kernels(tmp_path):
     if shutil.which("g++") is None and shutil.which("c++") is None:
@@ -86,6 +98,8 @@ def test_installed_wheel_builds_and_runs_the_cpp_kernels(tmp_path):
     csrc = sorted(p.name for p in (ROOT / "polyattn_lightning" / "attention" / "csrc").iterdir() if p.is_file())
     missing = [name for name in csrc if f"polyattn_lightning/attention/csrc/{name}" not in names]
     assert not missing, f"the wheel lacks kernel sources {missing}"
+    assert "polyattn_lightning/configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml" in names  # bench detection's
+    assert "polyattn_lightning/configs/classification/quickstart.yaml" in names  # bench diagnostics' default
 
     # 2. a fresh venv that sees the test environment's dependencies but not its editable install
     env_dir = tmp_path / "venv"

@@ -19,6 +19,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ...errors import DataError, MissingPathError
+from ..image_check import require_readable
 from .base import LRADataModule, Sequences, TokenDataset, fraction_sizes, parse_label, seeded_split
 
 
@@ -45,14 +46,18 @@ class PathfinderDataModule(LRADataModule):
         batch_size: int = 256,
         num_workers: int = 0,
         pin_memory: bool = False,
+        check_images: bool = False,
     ):
         """
         Args:
             resolution: 32 (LRA's Pathfinder), 64, 128 or 256 (Path-X): reads ``pathfinder<resolution>/``.
             difficulty: ``curv_baseline``, ``curv_contour_length_9`` or ``curv_contour_length_14`` (LRA's).
+            check_images: decode every listed image first (in parallel) and stop with a list of all the files
+                that cannot be read, instead of skipping them with one warning.
         """
         super().__init__(root, resolution * resolution, False, split_seed, batch_size, num_workers, pin_memory)
         self.resolution = resolution
+        self.check_images = check_images
         self.folder = Path(f"pathfinder{resolution}") / difficulty
         self.layout = (
             f"{self.folder}/metadata/<k>.npy (text, one image per line: <folder> <file> <index> <label>) "
@@ -89,8 +94,14 @@ class PathfinderDataModule(LRADataModule):
             )
         return pixels.reshape(-1)
 
+    def image_files(self) -> list[str]:
+        """Every image the metadata files list (read without loading the images)."""
+        return [str(path) for path, _ in self.read_metadata(self.data_root() / self.folder)]
+
     def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
         samples = self.read_metadata(root / self.folder)
+        if self.check_images:
+            require_readable([str(path) for path, _ in samples])
         pixels, labels, skipped = [], [], []
         for path, label in samples:
             row = self.read_image(path)
