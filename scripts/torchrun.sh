@@ -14,7 +14,8 @@ shift
 gpus=${GPUS:-$(nvidia-smi --list-gpus | wc -l)}
 nnodes=${NNODES:-1}
 
-exec torchrun --nnodes "$nnodes" --nproc_per_node "$gpus" --node_rank "${NODE_RANK:-0}" \
+# the interpreter by path (PYTHON, default python3): no activated venv needed for a `torchrun` on PATH
+exec "${PYTHON:-python3}" -m torch.distributed.run --nnodes "$nnodes" --nproc_per_node "$gpus" --node_rank "${NODE_RANK:-0}" \
     --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" \
     -m polyattn_lightning fit --config "$config" \
     --trainer.devices "$gpus" --trainer.num_nodes "$nnodes" --trainer.strategy ddp \

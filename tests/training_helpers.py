@@ -1,16 +1,49 @@
-"""Test helpers every task family's training tests share: a quiet CPU trainer and a simulated preemption.
+"""Test helpers every task family's tests share: a quiet CPU trainer, a simulated preemption, the CLI's resolved
+config and ``fit``, and the configs' paths.
 
 On ``sys.path`` through ``pythonpath = ["tests"]`` in pyproject.toml (and ``PYTHONPATH`` for the
 torchrun workers), so any test directory imports it as ``training_helpers``.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
+import yaml
 from lightning.pytorch.callbacks import Callback
 
+from polyattn_lightning import cli
 from polyattn_lightning.checkpoint import SafeCheckpointIO
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+#: the classification quickstart, the config most tests run shrunk
+QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
+
+
+def resolved_config(capsys, path: Path, *args: str) -> dict:
+    """The full config the CLI would run ``path`` with, parsed and type-checked but not instantiated."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(path), *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def named_pieces(folder: Path) -> set[Path]:
+    """Every YAML file a YAML file under ``folder`` names (resolved), each checked to exist. A piece is parsed only
+    through the files that name them, so a test asserts that its pieces are all among these."""
+    named = set()
+    for path in folder.rglob("*.yaml"):
+        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
+    missing = sorted(str(ref) for ref in named if not ref.is_file())
+    assert not missing, f"named but missing: {missing}"
+    return named
+
+
+def fit(*args: str):
+    """Run ``fit`` through the CLI without a progress bar; returns it for its trainer, model and data."""
+    return cli.make_cli(["fit", *args, "--trainer.enable_progress_bar", "false"])
 
 
 def cpu_trainer(**overrides: Any) -> pl.Trainer:

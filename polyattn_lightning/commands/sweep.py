@@ -62,9 +62,12 @@ def base_settings(config: Path, extra: list[str]) -> tuple[dict, int, dict]:
     model = cli.config.model.init_args
     spec = model.attention
     spec = dict(spec) if not isinstance(spec, str) else {"name": spec}
-    if model.get("img_size") is None:
-        raise ConfigError(f"{config}: model.init_args.img_size must be set for a sweep over sequence lengths")
-    return spec, int(model.img_size), dict(model.get("model_kwargs") or {})
+    data = cli.config.data.get("init_args") or {}
+    img_size = model.get("img_size") or data.get("img_size")  # the model takes the data's when it gives none
+    if img_size is None:
+        raise ConfigError(f"{config}: model.init_args.img_size or data.init_args.img_size must be set for a sweep "
+                          "over sequence lengths")
+    return spec, int(img_size), dict(model.get("model_kwargs") or {})
 
 
 def run_one(config: Path, extra: list[str], spec: dict, img_size: int, patch: int, kwargs: dict, steps: int,

@@ -52,6 +52,11 @@ class Recipe:
     drop_path_rate: float = 0.0
 
 
+def plain(value: Any, like: Any) -> Any:
+    """``value`` as plain values (lists, not tuples: they compare), a mapping when ``like`` is a dataclass."""
+    return json.loads(json.dumps(asdict(as_dataclass(value, type(like))))) if is_dataclass(like) else value
+
+
 def from_recipe(hparams: dict[str, Any]) -> None:
     """Map an old ``recipe`` hyperparameter onto ``optim``, ``mixup`` and ``drop_path_rate`` (in place, as plain
     values), with one deprecation line; a value also given under its new key must agree with the recipe's."""
@@ -63,10 +68,8 @@ def from_recipe(hparams: dict[str, Any]) -> None:
     recipe = asdict(recipe) if isinstance(recipe, Recipe) else dict(recipe)
     for item in fields(Recipe):
         default = item.default_factory() if item.default is MISSING else item.default
-        plain = (lambda value: json.loads(json.dumps(asdict(as_dataclass(value, type(default))))) if is_dataclass(default)
-                 else (lambda value: value))  # as plain values (lists, not tuples), which compare
-        value, given = plain(recipe.get(item.name, default)), plain(hparams.get(item.name, default))
-        if given != plain(default) and given != value:
+        value, given = plain(recipe.get(item.name, default), default), plain(hparams.get(item.name, default), default)
+        if given != plain(default, default) and given != value:
             raise ConfigError(f"model.init_args.{item.name} is given twice, as {given} and as recipe.{item.name} "
                               f"{value}; give it once, as model.init_args.{item.name}")
         hparams[item.name] = value

@@ -11,30 +11,17 @@ import yaml
 
 import torch
 
+from training_helpers import CONFIGS, QUICKSTART, fit, named_pieces, resolved_config
+
 from polyattn_lightning import cli
 from polyattn_lightning.tasks.models import create_timm_model
 from polyattn_lightning.attention import get_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 EXPERIMENTS = sorted((CONFIGS / "classification").rglob("*.yaml"))
-QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
 TINY_IMAGENET = CONFIGS / "classification" / "tiny_imagenet" / "vit_tiny_poly3_inv_sqrt_n.yaml"
 DEIT_SMALL = CONFIGS / "classification" / "imagenet" / "deit_small_poly3.yaml"
-
-
-def resolved_config(capsys, path: Path, *args: str) -> dict:
-    """The full config the CLI would run ``path`` with, parsed and type-checked but not instantiated."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["fit", "--config", str(path), *args, "--print_config"])
-    assert exit_info.value.code in (0, None)
-    return yaml.safe_load(capsys.readouterr().out)
-
-
-def fit(*args: str):
-    """Run ``fit`` through the CLI; returns it for its trainer."""
-    return cli.make_cli(["fit", *args, "--trainer.enable_progress_bar", "false"])
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -46,14 +33,10 @@ def test_experiment_config_parses(capsys, path: Path):
 
 def test_every_shared_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
-    named = set()
-    for path in CONFIGS.rglob("*.yaml"):
-        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
     # detection and LRA keep their experiments and pieces under configs/detection and configs/lra (their own tests)
     pieces = {p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] not in ("detection", "lra")}
     pieces -= set(EXPERIMENTS)
-    assert {piece.resolve() for piece in pieces} <= named
-    assert all(ref.is_file() for ref in named)
+    assert {piece.resolve() for piece in pieces} <= named_pieces(CONFIGS)
 
 
 def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu(capsys, monkeypatch):

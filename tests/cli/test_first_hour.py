@@ -121,9 +121,9 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert_short_error(results[9], 'Parser key "num_classes"', "Expected a <class 'int'>")  # int | None: the data's count by default
     assert "Does not validate against any of the Union subtypes" not in results[9]["output"]
     # errors found after the run started: still short, and no empty version folder left behind
-    assert_short_error(results[10], "model.init_args.num_classes is 5 but ImageFolderDataModule has 3 classes")
+    assert_short_error(results[10], "model.init_args.num_classes is 5 but ImageFolderDataModule has num_classes=3")
     assert f"to {Path('runs/classification/folder/version_0')}\n" in results[10]["output"]
-    assert_short_error(results[11], "model.init_args.img_size is 32 but data.init_args.img_size is 16")
+    assert_short_error(results[11], "model.init_args.img_size is 32 but ImageFolderDataModule has img_size=16")
     assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
     assert_short_error(results[13], "broken.yaml is not valid YAML", 'in "broken.yaml", line 1', max_lines=8)
@@ -170,7 +170,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert "pretrained weights in1k.safetensors:" in fit_output
     assert "re-initialised: head.weight, head.bias (the file has 1000 classes, the model 3)" in fit_output
     assert "resampled: pos_embed [1, 65, 32] -> [1, 17, 32]" in fit_output
-    run_dir = project / "runs" / "folder" / "version_0"
+    run_dir = project / "runs" / "classification" / "folder" / "version_0"
     assert f"writing logs, config and checkpoints/ to {Path('runs/classification/folder/version_0')}" in fit_output
     assert "wrote runs/classification/folder/version_0/: " in fit_output and "checkpoints/last.ckpt" in fit_output
     for noise in ("No CUDA runtime is found", "litlogger", "LeafSpec", "pin_memory"):  # every CPU run printed them

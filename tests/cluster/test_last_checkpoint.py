@@ -18,7 +18,7 @@ def test_last_checkpoint_follows_training_when_the_best_stays_behind(tmp_path, m
     run = cli.make_cli(["fit", "--config", str(QUICKSTART), "--trainer.max_epochs", "3",
                         "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
                         "--trainer.enable_progress_bar", "false",
-                        "--model.init_args.recipe.optim.lr", "0.0", "--model.init_args.recipe.optim.min_lr", "0.0"])
+                        "--model.init_args.optim.lr", "0.0", "--model.init_args.optim.min_lr", "0.0"])
     folder = Path(run.trainer.log_dir) / "checkpoints"
     best = [p for p in folder.iterdir() if p.name.startswith("best-")]
     assert [p.name for p in best] == ["best-epoch000.ckpt"]

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import socket
+import sys
 import subprocess
 import tomllib
 from datetime import timedelta
@@ -139,7 +140,7 @@ def test_torchrun_script_trains_with_two_processes(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "GPUS": "2", "MASTER_PORT": str(port)}
+    env = {**os.environ, "GPUS": "2", "MASTER_PORT": str(port), "PYTHON": sys.executable}  # no activated venv needed
     proc = subprocess.run(
         [ROOT / "scripts" / "torchrun.sh", QUICKSTART, "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
          "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"],

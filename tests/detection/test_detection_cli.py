@@ -10,6 +10,7 @@ import yaml
 
 import polyattn_lightning.detection  # noqa: F401  (mmcv ops, then mmdet's registries)
 from detection_harness import CONFIGS, QUICKSTART, TINY_SET, write_tiny_coco
+from training_helpers import named_pieces, resolved_config
 from mmdet.registry import MODELS
 
 from polyattn_lightning import cli
@@ -32,13 +33,6 @@ TINY_RUN = [
 ]
 
 
-def resolved_config(capsys, path: Path, *args: str) -> dict:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["fit", "--config", str(path), *args, "--print_config"])
-    assert exit_info.value.code in (0, None)
-    return yaml.safe_load(capsys.readouterr().out)
-
-
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_experiment_config_parses(capsys, path: Path):
     config = resolved_config(capsys, path)
@@ -53,12 +47,8 @@ def test_experiment_config_parses(capsys, path: Path):
 
 def test_every_detection_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
-    named = set()
-    for path in CONFIGS.rglob("*.yaml"):
-        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
     pieces = set(CONFIGS.rglob("*.yaml")) - set(EXPERIMENTS)
-    assert {piece.resolve() for piece in pieces} <= named
-    assert all(ref.is_file() for ref in named)
+    assert {piece.resolve() for piece in pieces} <= named_pieces(CONFIGS)
 
 
 def test_3x_recipe_is_the_xcit_authors(capsys):

@@ -20,6 +20,7 @@ from polyattn_lightning.attention import attention, get_activation
 from polyattn_lightning.data.lra import ListOpsSpec
 from polyattn_lightning.data.lra.listops import default_root, write_dataset
 from polyattn_lightning.tasks import LRAModule
+from training_helpers import fit, named_pieces
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -42,10 +43,6 @@ TINY_LISTOPS = ListOpsSpec(num_train=40, num_val=8, num_test=9, min_length=10, m
 def make(*args: str):
     """The CLI with its classes built, not run."""
     return cli.make_cli(list(args), run=False)
-
-
-def fit(*args: str):
-    return cli.make_cli(["fit", *args, "--trainer.enable_progress_bar", "false"])
 
 
 def test_every_task_has_every_activation_with_unique_names():
@@ -74,12 +71,8 @@ def test_config_composes_to_the_recipe(path: Path):
 
 
 def test_every_lra_config_piece_is_used():
-    named = set()
-    for path in LRA.rglob("*.yaml"):
-        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
-    assert all(ref.is_file() for ref in named)
     pieces = set(LRA.rglob("*.yaml")) - set(EXPERIMENTS) - {QUICKSTART}
-    assert {piece.resolve() for piece in pieces} <= named
+    assert {piece.resolve() for piece in pieces} <= named_pieces(LRA)
 
 
 def tiny_release(root: Path, task: str) -> Path:

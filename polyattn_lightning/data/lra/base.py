@@ -144,10 +144,17 @@ class PadCollate:
         return {"input_ids": input_ids, "mask": mask, "label": label}
 
 
-def seeded_split(dataset: Dataset, sizes: Sequence[int], seed: int) -> list[Subset]:
-    """Disjoint subsets of the given sizes from one seeded permutation: the same split on every run and rank."""
-    if sum(sizes) > len(dataset):
-        raise ConfigError(f"cannot split {len(dataset)} samples into {list(sizes)}")
+def seeded_split(dataset: Dataset, sizes: Sequence[int], seed: int, names: Sequence[str] | None = None) -> list[Subset]:
+    """Disjoint subsets of the given sizes from one seeded permutation: the same split on every run and rank.
+
+    Sizes that do not fit the data (a negative or empty split, more samples than there are) are a one-line
+    :class:`~polyattn_lightning.errors.ConfigError` naming the sizes (and the splits, by ``names``)."""
+    names = list(names or [f"split {index}" for index in range(len(sizes))])
+    bad = [f"{name} {size}" for name, size in zip(names, sizes) if size <= 0]
+    if bad or sum(sizes) > len(dataset):
+        asked = ", ".join(f"{name} {size}" for name, size in zip(names, sizes))
+        why = f"an empty split ({', '.join(bad)})" if bad else f"{sum(sizes)} samples asked for"
+        raise ConfigError(f"cannot split {len(dataset)} samples into {asked}: {why}")
     order = np.random.default_rng(seed).permutation(len(dataset))
     starts = np.cumsum([0, *sizes])
     return [Subset(dataset, order[start:stop].tolist()) for start, stop in zip(starts[:-1], starts[1:])]

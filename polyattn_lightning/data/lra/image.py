@@ -96,5 +96,6 @@ class CIFAR10GrayDataModule(LRADataModule):
 
     def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
         train = self.read_batches(root, TRAIN_BATCHES)
-        train, val = seeded_split(train, [len(train) - self.val_size, self.val_size], self.split_seed)
+        train, val = seeded_split(train, [len(train) - self.val_size, self.val_size], self.split_seed,
+                                  names=["training", "validation (val_size)"])
         return train, val, self.read_batches(root, (TEST_BATCH,))

@@ -118,4 +118,5 @@ class PathfinderDataModule(LRADataModule):
         if not pixels:
             raise MissingPathError(f"no readable images under {root / self.folder}; expected layout:\n{self.layout}")
         dataset = TokenDataset([Sequences.from_array(np.stack(pixels))], labels)
-        return tuple(seeded_split(dataset, fraction_sizes(len(dataset), [0.8, 0.1, 0.1]), self.split_seed))
+        return tuple(seeded_split(dataset, fraction_sizes(len(dataset), [0.8, 0.1, 0.1]), self.split_seed,
+                                  names=["training", "validation", "test"]))

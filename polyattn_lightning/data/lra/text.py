@@ -66,5 +66,6 @@ class IMDbDataModule(LRADataModule):
         train, test = self.read_split(root / "train"), self.read_split(root / "test")
         if not self.val_fraction:
             return train, test, test
-        train, val = seeded_split(train, fraction_sizes(len(train), [1 - self.val_fraction, self.val_fraction]), self.split_seed)
+        train, val = seeded_split(train, fraction_sizes(len(train), [1 - self.val_fraction, self.val_fraction]), self.split_seed,
+                                  names=["training", "validation (val_fraction)"])
         return train, val, test
