@@ -170,7 +170,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert "pretrained weights in1k.safetensors:" in fit_output
     assert "re-initialised: head.weight, head.bias (the file has 1000 classes, the model 3)" in fit_output
     assert "resampled: pos_embed [1, 65, 32] -> [1, 17, 32]" in fit_output
-    run_dir = project / "runs" / "folder" / "version_0"
+    run_dir = project / "runs" / "classification" / "folder" / "version_0"
     assert f"writing logs, config and checkpoints/ to {Path('runs/classification/folder/version_0')}" in fit_output
     assert "wrote runs/classification/folder/version_0/: " in fit_output and "checkpoints/last.ckpt" in fit_output
     for noise in ("No CUDA runtime is found", "litlogger", "LeafSpec", "pin_memory"):  # every CPU run printed them
@@ -186,7 +186,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert [Path(p).relative_to(project / "imgs" / "val").parent.name for p in saved["paths"]] == [
         name for name in CLASSES for _ in range(2)]
     assert saved["predictions"].shape == (6, 3)
-    assert sorted(path.name for path in (project / "runs" / "folder").iterdir()) == ["version_0"]
+    assert sorted(path.name for path in (project / "runs" / "classification" / "folder").iterdir()) == ["version_0"]
 
     error = assert_short_error(results[3], f"checkpoint {ckpt} has num_classes=3", "saved hyperparameters",
                                "ImageFolderDataModule has 5 classes")
