@@ -23,7 +23,7 @@ import pickle
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 from fsspec.core import url_to_fs
@@ -97,8 +97,10 @@ def _verify_zip_records(path: Path) -> bool:
     return True
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` so that ``path`` always holds either its old or its new complete content."""
+def atomic_save(obj: Any, path: str | os.PathLike, on_written: Callable[[Path], None] | None = None) -> None:
+    """``torch.save`` to ``path`` so that ``path`` always holds either its old or its new complete content.
+
+    ``on_written(path)`` runs when the temporary file is written and synced, before it replaces ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: os.replace cannot cross devices
@@ -107,6 +109,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if on_written is not None:
+            on_written(path)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -132,7 +136,11 @@ class SafeCheckpointIO(TorchCheckpointIO):
         local = _local_path(path)
         if local is None or storage_options is not None:
             return super().save_checkpoint(checkpoint, path, storage_options)
-        atomic_save(checkpoint, local)
+        atomic_save(checkpoint, local, self.on_written)
+
+    def on_written(self, path: Path) -> None:
+        """Called between writing a local checkpoint and renaming it over ``path``: a hook for tests that
+        interrupt a write (a signal, a kill); nothing by default."""
 
     def load_checkpoint(self, path, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
         local = _local_path(path)

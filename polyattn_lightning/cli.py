@@ -29,12 +29,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
-from .attention import get_activation
 from .callbacks.progress import StepsRichProgressBar
 from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, drop_restated, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
-from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, UserInputError, reported
-from .tasks.models import check_model_name, resolve_pretrained_file
+from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
 from .distributed import distributed_teardown
 
 #: Whether ``rich`` is installed: Lightning's default progress bar is then its RichProgressBar.
@@ -234,27 +232,16 @@ def init_args(component) -> dict:
 
 
 def check_config(config) -> None:
-    """Fail on what can be checked before any model is built: the attention spec, the timm model name,
-    the pretrained file (dropped beforehand when ``--ckpt_path`` is given) and the data paths (a DataModule
-    with a ``check_paths(**init_args)`` classmethod checks its own; data generated on first use has none)."""
-    model_args = init_args(config.get("model"))
-    checks = [
-        ("attention", get_activation),
-        ("model_name", check_model_name),
-        ("pretrained", lambda path: path and resolve_pretrained_file(path)),
-    ]
-    for key, check in checks:
-        if key in model_args:
-            try:
-                check(model_args[key])
-            except UserInputError as err:
-                raise type(err)(f"model.init_args.{key}: {err}") from err
-    data_config = config.get("data")
-    class_path = data_config.get("class_path") if hasattr(data_config, "get") else None
-    if class_path:
-        check_paths = getattr(class_from_path(class_path), "check_paths", None)
-        if check_paths is not None:
-            check_paths(**init_args(data_config))
+    """Fail on what can be checked before any model is built: the model's init arguments, by its class's
+    ``check_init_args`` (:meth:`~polyattn_lightning.tasks.base.TaskModule.check_init_args`: the attention spec, the
+    timm model name, the pretrained file, dropped beforehand when ``--ckpt_path`` is given) and the data paths, by the
+    DataModule's ``check_paths(**init_args)`` (:meth:`~polyattn_lightning.data.base.DataModule.check_paths`)."""
+    for key, method in (("model", "check_init_args"), ("data", "check_paths")):
+        component = config.get(key)
+        class_path = component.get("class_path") if hasattr(component, "get") else None
+        check = getattr(class_from_path(class_path), method, None)  # None: not on our bases
+        if check is not None:
+            check(init_args(component)) if key == "model" else check(**init_args(component))
 
 
 def activation_label(spec) -> str:

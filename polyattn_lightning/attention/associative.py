@@ -15,9 +15,12 @@ Causal (query i attends keys ``j <= i + Nk - Nq``) stays exact and linear in
 (the first ``Nk - Nq``) form a starting state ``k^T v``; queries with no key
 (the first ``Nq - Nk``) give zeros; the rest pair query and key one to one and
 run in chunks of ``CAUSAL_CHUNK``: within a chunk a small lower-triangular
-``C x C`` score block, across chunks the exclusive prefix sum of the chunks'
-``k^T v``. Time O(N (C d + d dv)), memory O(N (C + d dv / C)); autograd
-differentiates these few batched products (all of them linear in size too).
+``C x C`` score block, across chunks the running sum of the earlier chunks'
+``k^T v``. Time O(N (C d + d dv)). On CPU the C++ kernel sweeps each head's
+chunks with a ``d x dv`` running state (and a reverse sweep for dK, dV), so
+nothing but the tiles and the gradients is allocated; elsewhere the same
+algebra as batched products over all chunks at once (memory O(N (C + d dv / C)))
+that autograd differentiates.
 """
 from __future__ import annotations
 
@@ -89,7 +92,10 @@ def associative(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Te
     batch, heads, nk = q.shape[0], q.shape[1], k.shape[-2]
     dtype = compute_dtype(q)
     if causal is not None:
-        return causal_associative(q, k, v, act.row_scale(n.to(dtype)) * t, allowed, causal)
+        row_scale = act.row_scale(n.to(dtype)) * t
+        if q.device.type == "cpu" and load():
+            return _causal_cpp(q, k, v, row_scale, allowed, causal)
+        return causal_associative(q, k, v, row_scale, allowed, causal)
     # c(n) is the same for every query of a batch row (B?, 1, 1, 1), so it and t
     # scale the small (d, dv) matrix k^T v rather than an (N, d) one.
     s = (act.row_scale(n.to(dtype)) * t).expand(batch, heads, 1, 1).reshape(batch * heads)
@@ -150,3 +156,41 @@ def _aligned_causal(q: Tensor, k: Tensor, v: Tensor, state: Tensor | None, chunk
         before = before + state[:, :, None]
     out = within + qc @ before
     return out.view(batch, heads, chunks * chunk, dv)[:, :, :length]
+
+
+class CausalAssociativeCPU(torch.autograd.Function):
+    """Causal poly1 on the C++ sweep: ``(B*H, N, d)`` operands, ``s`` per row ``(B*H, Nq)``, ``keep`` ``(B*H, Nk)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, s, causal: int, chunk: int):
+        dtype = compute_dtype(q)
+        with torch.autocast("cpu", enabled=False):
+            q3, k3, v3 = (flatten_heads(x, dtype) for x in (q, k, v))
+            out = torch.ops.polyattn_cpu.associative_causal_forward(q3, k3, v3, keep, s, causal, chunk)
+        ctx.save_for_backward(q3, k3, v3, keep, s)
+        ctx.meta = (causal, chunk, q.dtype, k.dtype, v.dtype)
+        return out.view(*q.shape[:3], -1).to(v.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q3, k3, v3, keep, s = ctx.saved_tensors
+        causal, chunk, *dtypes = ctx.meta
+        with torch.autocast("cpu", enabled=False):
+            g = (flatten_heads(grad_out, q3.dtype) * s[..., None]).contiguous()
+            grads = torch.ops.polyattn_cpu.associative_causal_backward(q3, k3, v3, g, keep, causal, chunk)
+        shapes = (*grad_out.shape[:2], -1)
+        return (
+            *(x.view(*shapes, x.shape[-1]).to(dtype) for x, dtype in zip(grads, dtypes)),
+            None, None, None, None,
+        )
+
+
+def _causal_cpp(q, k, v, row_scale, allowed, causal) -> Tensor:
+    batch, heads, nq, nk = *q.shape[:3], k.shape[-2]
+    dtype = compute_dtype(q)
+    s = row_scale.to(dtype).expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
+    keep = None
+    if allowed is not None:
+        keep = allowed.to(dtype).expand(batch, heads, 1, nk).reshape(batch * heads, nk).contiguous()
+    return CausalAssociativeCPU.apply(q, k, v, keep, s, causal, CAUSAL_CHUNK)

@@ -14,6 +14,10 @@ and when the attendable keys are a prefix (padding at the end, the usual case)
 the mask is dropped altogether. Padded *queries* are still computed: the mask
 applies to keys, and their outputs are defined (they attend to the real keys).
 
+Causal (``causal``, the diagonal offset ``Nk - Nq``): the kernel never computes
+a tile wholly above the diagonal and masks the tiles the diagonal crosses from
+their coordinates; no causal mask tensor exists (``csrc/fused_cpu.cpp``).
+
 Dropout RNG scheme (the Triton kernel mirrors it): one 64-bit ``seed`` per call,
 drawn from torch's default CPU generator (``draw_seed``), so a seeded run
 repeats and a restored RNG state (ExactResume) continues it exactly. Entry
@@ -40,7 +44,6 @@ from torch.autograd.function import once_differentiable
 
 from .blocked import as_4d, flatten_heads, grad_gain
 from .cpp import load
-from .masks import with_causal
 from .registry import Activation, compute_dtype
 
 #: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
@@ -93,7 +96,8 @@ class FusedCPUAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int):
+    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
+                causal: int | None):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         form, power = act.fused_form
@@ -107,10 +111,11 @@ class FusedCPUAttention(torch.autograd.Function):
             strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
             rng = (dropout_p, seed, 0)  # (p, seed, offset)
             out = torch.ops.polyattn_cpu.forward(
-                q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK
+                q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK,
+                causal,
             )
         ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided, lengths)
-        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape, rng)
+        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape, rng, causal)
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
         return out.view(*shape4[:3], -1).to(v.dtype)
 
@@ -118,14 +123,14 @@ class FusedCPUAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, row_scale, row_shift, bias, mask, lengths = ctx.saved_tensors
-        shape4, t, act, bias_shape, rng = ctx.meta
+        shape4, t, act, bias_shape, rng, causal = ctx.meta
         form, power = act.fused_form
         want_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast("cpu", enabled=False):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
                 q3, k3, v3, dout, row_shift, bias, mask, lengths, want_bias, shape4[1], form, power, *rng,
-                *BACKWARD_BLOCK,
+                *BACKWARD_BLOCK, causal,
             )
             gain = grad_gain(act)  # f'(S) = p S^(p-1); the kernel leaves out the p
             dq.mul_(t * gain)
@@ -139,13 +144,12 @@ class FusedCPUAttention(torch.autograd.Function):
             dk.view(*heads, *dk.shape[1:]).to(k_dtype),
             dv.view(*heads, *dv.shape[1:]).to(v_dtype),
             dbias.view(bias_shape).to(bias_dtype) if want_bias else None,
-            None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None,
         )
 
 
 def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:
     """``kernels.run`` signature."""
-    allowed = with_causal(allowed, causal, q.shape[-2], k.shape[-2], q.device)
     if act.fused_form is None:
         raise ValueError(f"the fused_cpu kernel does not know activation {act.name!r}; use kernel='blocked'")
     if q.device.type != "cpu":
@@ -154,4 +158,4 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
         raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
     lengths, allowed = key_lengths(allowed, q.shape[0], k.shape[-2])
     seed = draw_seed() if dropout_p else 0
-    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, lengths, n, float(dropout_p), seed)
+    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, lengths, n, float(dropout_p), seed, causal)

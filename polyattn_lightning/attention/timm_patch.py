@@ -1,32 +1,44 @@
-"""Switch the attention of a timm vision transformer to a registry activation, in place.
+"""Switch the attention of a timm model to a registry activation, in place: ``set_attention(model, "poly3")``.
 
-``set_attention(model, "poly3")`` finds every attention module timm built and
-swaps its class for a subclass whose ``forward`` is timm's own, step for step,
-except that the softmax goes through :func:`~polyattn_lightning.attention.attention`.
-Swapping the class (rather than wrapping the module) keeps every parameter
-where it was, so the state_dict keys are timm's and a timm checkpoint loads
-before or after the switch. Calling it again re-switches (``softmax`` runs on
-SDPA, so switching back to softmax gives timm's outputs).
+Each attention module timm built gets its class swapped for a subclass whose ``forward`` is timm's
+own except that the softmax goes through :func:`~polyattn_lightning.attention.attention`. Swapping the
+class (rather than wrapping the module) keeps every parameter where it was, so the state_dict keys
+are timm's and a timm checkpoint loads before or after the switch. Calling it again re-switches
+(``softmax`` runs on SDPA, so switching back to softmax gives timm's outputs).
 
-Supported (timm 1.0.x; each forward follows the 1.0.31 source):
+Three kinds of switch (``polyattn_lightning/attention/timm_support.md``, made by ``timm_support``,
+lists per timm model module what switches):
 
-* ``timm.layers.Attention``: ViT, DeiT (``q_norm``/``k_norm``, ``attn_mask``,
-  ``is_causal``, gate and scale norm as timm has them);
-* Swin ``WindowAttention``: the relative-position bias is a score bias added
-  before ``phi``; the 0/-100 shifted-window mask becomes "masked pairs count
-  for nothing" for a non-softmax activation;
-* XCiT ``XCA``: attention over the ``d x d`` channel map (so ``N`` in the
-  length scale is the head dim); the learnable temperature is folded into q;
-* CaiT ``ClassAttn`` (XCiT's class-attention blocks): the class token queries all tokens.
+* the generic one (:mod:`~polyattn_lightning.attention.timm_sdpa`): classes that run on SDPA, on a
+  reviewed list (class, timm versions, mask kinds); timm's forward runs with SDPA rebound in its
+  globals, so RoPE, q/k norms, biases and layouts stay timm's -- ViT/DeiT, EVA, BEiT, MaxViT, CaiT
+  and XCiT class attention, XCiT's XCA, PVT v2, Twins, DaViT windows, Hiera, SAM, TinyViT...;
+* hand-written adapters, where timm's SDPA call or softmax needs more than that: Swin's
+  ``WindowAttention`` here (its 0/-100 shift mask is added to the position bias, and ``x^3`` would
+  not zero a -100), and one module per timm family in ``attention/timm_adapters/`` for classes that
+  compute softmax by hand;
+* refusals: attention that is not softmax over dot products of tokens (split attention, additive,
+  factorised, outlook, linear attention) is named and left alone; attention pooling heads
+  (``AttentionPoolLatent``...) stay softmax by decision and are named in a log line.
 
-Any other module with timm's ``fused_attn`` flag (its mark on attention that
-can run on SDPA) is an attention this file cannot switch; ``set_attention``
-refuses the model rather than leave softmax in some layers. Attention timm
-never runs on SDPA has no such flag: CaiT's ``TalkingHeadAttn`` is listed in
-``_UNSWITCHABLE`` so CaiT is refused too; others would go unnoticed.
+A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward
+(one random image at the model's input size) under a ``TorchFunctionMode`` that records every
+softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a switched
+module, and any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no switch,
+refuses the model with each module's path, class (``timm.models.beit.Attention``) and reason, and
+nothing is changed. ``strict=False`` (YAML: ``model.init_args.attention_strict: false``) switches what
+can be switched and logs one line naming what stays softmax.
 
-To add a family: subclass its timm class with :class:`SwitchedAttention`, write
-``forward`` calling ``self._attend`` and decorate it with ``@_adapts(TimmClass)``.
+To add a family:
+
+1. timm calls SDPA for it (with ``fused_attn`` on) and does no other softmax: read its ``forward``,
+   note what it passes as ``attn_mask`` (nothing, a bool mask, a float bias, ``-inf``/``finfo.min``
+   sentinels -- never a finite sentinel mixed with a bias) and add a ``Reviewed(cls, masks)`` line to
+   ``timm_sdpa.REVIEWED``; add its tiny constructor to ``tests/attention/timm_families.py``.
+2. timm computes softmax by hand: write the smallest subclass of the timm class with
+   :class:`SwitchedAttention` whose ``forward`` keeps timm's steps and calls ``self._attend`` where
+   the softmax was, decorate it with ``@_adapts(TimmClass)`` and put it in ``timm_adapters/<family>.py``.
+3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write``.
 
 Diagnostics: each switched module has ``activation`` (the resolved
 :class:`~polyattn_lightning.attention.Activation`; the module stores the spec
@@ -59,126 +71,59 @@ nothing of its own:
 """
 from __future__ import annotations
 
+import importlib
+import logging
+import pkgutil
 import sys
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
 
+import timm.layers.attention_pool as attention_pool
+import timm.layers.attention_pool2d as attention_pool2d
+import timm.layers.global_context as global_context
+import timm.layers.lambda_layer as lambda_layer
+import timm.layers.other_pool as other_pool
+import timm.layers.selective_kernel as selective_kernel
+import timm.layers.split_attn as split_attn
+import timm.models.cait as cait
+import timm.models.coat as coat
+import timm.models.convit as convit
+import timm.models.crossvit as crossvit
+import timm.models.davit as davit
+import timm.models.edgenext as edgenext
+import timm.models.efficientformer as efficientformer
+import timm.models.efficientformer_v2 as efficientformer_v2
+import timm.models.efficientvim as efficientvim
+import timm.models.efficientvit_mit as efficientvit_mit
+import timm.models.efficientvit_msra as efficientvit_msra
+import timm.models.gcvit as gcvit
+import timm.models.levit as levit
+import timm.models.mobilevit as mobilevit
+import timm.models.mvitv2 as mvitv2
+import timm.models.shvit as shvit
+import timm.models.swiftformer as swiftformer
+import timm.models.swin_transformer_v2 as swin_transformer_v2
+import timm.models.swin_transformer_v2_cr as swin_transformer_v2_cr
+import timm.models.tnt as tnt
+import timm.models.volo as volo
 import torch
 from timm.layers import Attention
-from timm.models.cait import ClassAttn, TalkingHeadAttn
+from timm.models.cait import ClassAttn
+from timm.models.csatv2 import SpatialTransformerBlock as CsatSpatialBlock  # timm.models.csatv2 is also a model function
 from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .functional import attention
-from .masks import keys_per_row, normalize_masks
-from .registry import Activation, ActivationSpec, describe, get_activation
+from . import timm_adapters
+from .registry import ActivationSpec, get_activation
+from .switched import _ADAPTERS, AttentionInputs, Capture, SwitchedAttention, _adapts, attention_map
+from .timm_probe import SoftmaxCall, image_probe, softmax_calls
+from .timm_sdpa import GENERIC
 
+log = logging.getLogger(__name__)
 
-class AttentionInputs(NamedTuple):
-    """What a switched module attends: ``out = phi(q k^T * temperature + attn_bias) @ v``.
-
-    Shapes are those given to ``attention()``: q ``(B, H, Nq, d)``, k ``(B, H, Nk, d)``,
-    v ``(B, H, Nk, dv)``; ``attn_mask`` and ``attn_bias`` broadcast to ``(B, H, Nq, Nk)``;
-    ``key_padding_mask`` is bool ``(B, Nk)``, True = padding (padded sequences, e.g. LRA's).
-    """
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    temperature: float
-    attn_mask: Tensor | None = None
-    attn_bias: Tensor | None = None
-    key_padding_mask: Tensor | None = None
-
-
-Capture = Callable[[nn.Module, AttentionInputs], None]
-
-
-def attention_map(inputs: AttentionInputs, activation: ActivationSpec) -> Tensor:
-    """``phi(S)``, fp32 ``(B, H, Nq, Nk)``, with masked pairs at zero: ``attention_map(...) @ v`` is the output.
-
-    Materialises the full map: meant for diagnostics on a few samples, not for training.
-    """
-    act = get_activation(activation)
-    q, k = inputs.q.float(), inputs.k.float()
-    masks = normalize_masks(q, k, inputs.key_padding_mask, inputs.attn_mask, softmax=act.is_softmax)
-    scores = q @ k.transpose(-2, -1) * inputs.temperature
-    if inputs.attn_bias is not None:
-        scores = scores + inputs.attn_bias.float()
-    if act.is_softmax and masks.additive is not None:
-        scores = scores + masks.additive.float()
-    elif act.is_softmax and masks.allowed is not None:
-        scores = scores.masked_fill(~masks.allowed, float("-inf"))
-    weights = act(scores, keys_per_row(masks.allowed, k.shape[-2], q.device))
-    return weights if masks.allowed is None else weights.masked_fill(~masks.allowed, 0.0)
-
-
-class SwitchedAttention(nn.Module):
-    """Mixin of every switched timm attention class: the activation and ``capture`` they share.
-
-    Never instantiated: ``set_attention`` assigns a subclass to an existing
-    module's ``__class__`` and then sets ``activation_spec`` and ``capture``.
-    """
-
-    activation_spec: ActivationSpec
-    capture: Capture | None
-
-    @property
-    def activation(self) -> Activation:
-        return get_activation(self.activation_spec)
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, temperature: float, **masks: Tensor | None) -> Tensor:
-        """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias``/``key_padding_mask`` as
-        ``attention()`` takes them (padding as ``key_padding_mask`` keeps poly1's linear-time form and the
-        fused kernels' padding skip, which a dense ``attn_mask`` would cost)."""
-        if self.capture is not None:
-            self.capture(self, AttentionInputs(q, k, v, temperature, **masks))
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        return attention(q, k, v, self.activation_spec, temperature=temperature, dropout_p=dropout_p, **masks)
-
-    def extra_repr(self) -> str:
-        return f"activation={describe(self.activation)}"
-
-
-#: timm attention class -> its switched subclass; filled by ``@_adapts``.
-_ADAPTERS: dict[type[nn.Module], type[SwitchedAttention]] = {}
-
-
-def _adapts(timm_class: type[nn.Module]):
-    """Register the decorated ``SwitchedAttention`` subclass as the switch for ``timm_class`` (exactly
-    that class: a timm subclass may have another forward, so it is not switched by inheritance)."""
-
-    def add(cls: type[SwitchedAttention]) -> type[SwitchedAttention]:
-        assert issubclass(cls, timm_class) and issubclass(cls, SwitchedAttention), cls
-        _ADAPTERS[timm_class] = cls
-        return cls
-
-    return add
-
-
-# --------------------------------------------------------------------------- the families
-
-
-@_adapts(Attention)
-class ViTAttention(SwitchedAttention, Attention):
-    """ViT / DeiT self-attention (``timm.layers.Attention``)."""
-
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        B, N, _ = x.shape
-        gate = self.gate(x).sigmoid() if self.gate is not None else None
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if is_causal:  # as in timm, a causal mask takes the place of attn_mask
-            attn_mask = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-        x = self._attend(q, k, v, self.scale, attn_mask=attn_mask)
-        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
-        if gate is not None:
-            x = x * gate
-        return self.proj_drop(self.proj(x))
-
+# --------------------------------------------------------------------------- hand-written adapters
 
 @_adapts(WindowAttention)
 class SwinWindowAttention(SwitchedAttention, WindowAttention):
@@ -194,44 +139,103 @@ class SwinWindowAttention(SwitchedAttention, WindowAttention):
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, -1)))
 
 
-@_adapts(XCA)
-class XCiTAttention(SwitchedAttention, XCA):
-    """XCiT cross-covariance attention: the ``d x d`` channel map, L2-normalised q, k and a learned temperature.
-
-    The per-head temperature multiplies q (as timm's fused path does) and
-    ``attention()`` gets ``temperature=1``, so the parameter keeps its gradient.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
-        # (B, heads, channels per head, N): the channels are the "tokens" attended over
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 4, 1)
-        q, k, v = qkv.unbind(0)
-        q = nn.functional.normalize(q, dim=-1) * self.temperature
-        k = nn.functional.normalize(k, dim=-1)
-        x = self._attend(q, k, v, 1.0)
-        return self.proj_drop(self.proj(x.permute(0, 3, 1, 2).reshape(B, N, C)))
+#: The generic switches of the classes the first version of this file had adapters for (same outputs).
+ViTAttention = GENERIC[Attention]
+XCiTAttention = GENERIC[XCA]
+ClassAttention = GENERIC[ClassAttn]
 
 
-@_adapts(ClassAttn)
-class ClassAttention(SwitchedAttention, ClassAttn):
-    """CaiT class attention (also XCiT's class-attention blocks): only the class token queries."""
+def _load_adapters() -> None:
+    """Import every module of ``timm_adapters`` so its ``@_adapts`` classes are registered."""
+    for info in pkgutil.iter_modules(timm_adapters.__path__):
+        importlib.import_module(f"{timm_adapters.__name__}.{info.name}")
 
-    def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
-        heads = (self.num_heads, C // self.num_heads)
-        q = self.q(x[:, :1]).reshape(B, 1, *heads).transpose(1, 2)
-        k = self.k(x).reshape(B, N, *heads).transpose(1, 2)
-        v = self.v(x).reshape(B, N, *heads).transpose(1, 2)
-        x_cls = self._attend(q, k, v, self.scale)
-        return self.proj_drop(self.proj(x_cls.transpose(1, 2).reshape(B, 1, C)))
+
+# --------------------------------------------------------------------------- what is not switched
+
+#: Softmax that is not attention over tokens (dot products of queries and keys): never switched.
+NOT_TOKEN_ATTENTION: dict[type[nn.Module], str] = {
+    split_attn.SplitAttn: "split attention (softmax over the radix groups of channels), not attention over tokens",
+    selective_kernel.SelectiveKernelAttn: "selective-kernel attention (softmax over kernel branches), not attention over tokens",
+    swiftformer.EfficientAdditiveAttention: "additive attention (one learned global query), not dot-product attention",
+    coat.FactorAttnConvRelPosEnc: "factorised attention (softmax over keys, then k^T v), not a dot-product map",
+    volo.OutlookAttention: "outlook attention (weights made by a linear layer, no q k^T); VOLO's class attention is another class",
+    efficientvit_mit.LiteMLA: "LiteMLA is already linear (ReLU) attention; it has no softmax to switch",
+    mobilevit.LinearSelfAttention: "MobileViTv2's separable linear attention (softmax over one context vector), not q k^T",
+    lambda_layer.LambdaLayer: "lambda layer (softmax over keys, then k^T v), not a dot-product map",
+    global_context.GlobalContext: "global-context pooling (softmax over positions of one learned score)",
+    efficientvim.HSMSSD: "hidden-state mixer of a state-space model, not attention",
+    efficientvim.EfficientViM: "the head's softmax over learned fusion weights, not attention",
+}
+
+#: Attention pooling heads: they stay softmax by decision (named in the log line, never a refusal).
+POOLING_HEADS: tuple[type[nn.Module], ...] = (
+    attention_pool.AttentionPoolLatent, attention_pool.AttentionPoolPrr,
+    attention_pool2d.AttentionPool2d, attention_pool2d.RotAttentionPool2d,
+    other_pool.SimPool1d, other_pool.SimPool2d,
+)
+
+#: timm classes that compute softmax attention by hand (no ``fused_attn`` flag); refused until an adapter
+#: in ``timm_adapters`` registers for them (the probe finds them too; this list also covers a module no
+#: probe forward can run).
+HAND_SOFTMAX: tuple[type[nn.Module], ...] = (
+    cait.TalkingHeadAttn, swin_transformer_v2.WindowAttention, swin_transformer_v2_cr.WindowMultiHeadAttention,
+    efficientformer.Attention, efficientformer_v2.Attention2d, efficientformer_v2.Attention2dDownsample,
+    mvitv2.MultiScaleAttention, mvitv2.MultiScaleAttentionPoolFirst, levit.Attention, levit.AttentionDownsample,
+    efficientvit_msra.CascadedGroupAttention, convit.GPSA, convit.MHSA, gcvit.WindowAttentionGlobal, tnt.Attention,
+    crossvit.CrossAttention, CsatSpatialBlock, davit.ChannelAttention, davit.ChannelAttentionV2,
+    edgenext.CrossCovarianceAttn, shvit.SHSA, volo.ClassAttention,
+)
+
+
+def class_name(cls: type) -> str:
+    """``timm.models.beit.Attention``: the class with its module, as refusals name it."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class Unswitched:
+    """A module that keeps softmax: where, what, why, and whether that is by decision (a pooling head)."""
+
+    path: str
+    cls: type[nn.Module]
+    reason: str
+    by_decision: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.path or '<model>'} ({class_name(self.cls)}): {self.reason}"
+
+
+def _static_verdict(module: nn.Module) -> tuple[str, bool] | None:
+    """Why ``module`` keeps softmax, read from its class alone (None: nothing known against it)."""
+    cls = type(module)
+    if cls in NOT_TOKEN_ATTENTION:
+        return NOT_TOKEN_ATTENTION[cls], False
+    if isinstance(module, POOLING_HEADS):
+        return "attention pooling head: stays softmax by decision", True
+    if cls in HAND_SOFTMAX:
+        return "computes softmax by hand; no adapter in attention/timm_adapters yet", False
+    if hasattr(module, "fused_attn"):
+        return "runs softmax attention (timm's fused_attn flag) but is not on the reviewed list (timm_sdpa.REVIEWED)", False
+    return None
+
+
+def _probe_verdict(call: SoftmaxCall) -> Unswitched:
+    """The innermost module of a leftover softmax call that a table explains, else the module that made it."""
+    for path, module in reversed(call.stack):
+        verdict = _static_verdict(module)
+        if verdict is not None and not isinstance(module, SwitchedAttention):
+            return Unswitched(path, type(module), *verdict)
+    path, module = call.stack[-1] if call.stack else ("", None)
+    where = "calls SDPA" if call.function == "scaled_dot_product_attention" else f"calls {call.function}"
+    if isinstance(module, SwitchedAttention):
+        reason = f"is switched but still {where} in the probe forward (an adapter misses a step)"
+    else:
+        reason = f"{where} in the probe forward and has no switch"
+    return Unswitched(path, type(module) if module is not None else nn.Module, reason)
 
 
 # --------------------------------------------------------------------------- public API
-
-
-#: Softmax attention without the ``fused_attn`` flag that set_attention must still refuse.
-_UNSWITCHABLE = (TalkingHeadAttn,)
 
 
 def _adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
@@ -240,42 +244,136 @@ def _adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
     return _ADAPTERS.get(type(module))
 
 
-def set_attention(model: nn.Module, activation: ActivationSpec) -> int:
-    """Switch every supported timm attention in ``model`` to ``activation``; returns how many were switched.
+#: What probes a switched model: a non-softmax activation, so every softmax call left is outside a switch.
+_PROBE_ACTIVATION = "relu"
 
-    Raises ValueError, changing nothing, if the model has no supported attention
-    or has an attention module it cannot switch (see the module docstring).
-    A Hugging Face ``transformers`` model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
+Probe = Callable[[], object]
+
+
+class AttentionRefused(ConfigError):
+    """set_attention refused a model (nothing changed): ``unswitched`` says which modules keep softmax and why."""
+
+    def __init__(self, message: str, unswitched: list[Unswitched]):
+        super().__init__(message)
+        self.unswitched = unswitched
+
+
+def set_attention(
+    model: nn.Module, activation: ActivationSpec, *, strict: bool = True, probe: Probe | bool | None = None
+) -> int:
+    """Switch every attention of ``model`` that has a switch to ``activation``; returns how many were switched.
+
+    Args:
+        model: a timm model, a part of one (a block, one attention module) or a module holding switched ones.
+        activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
+        strict: refuse (:class:`AttentionRefused`, a ``ConfigError``; nothing changed) when any module would
+            keep softmax, attention pooling heads aside; False switches the rest and logs one line naming what
+            stays softmax. With nothing to switch it always refuses.
+        probe: the forward that shows what still computes softmax after the switch (a callable running one
+            forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
+            where the model states none (a bare block: then only the class tables count); False skips it.
+
+    See the module docstring for what switches and how to add a family. A Hugging Face ``transformers``
+    model goes to :func:`polyattn_lightning.attention.hf.set_attention`.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
     if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
         from .hf import set_attention as set_hf_attention
 
         return set_hf_attention(model, activation)
+    return len(_set_attention(model, activation, strict, probe)[0])
+
+
+def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], list[Unswitched]]:
+    """set_attention's work; returns the switched modules and those that keep softmax."""
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)  # the caller's dict may change later
-    found, unsupported = [], []
+    _load_adapters()
+    found, unswitched = [], {}
     for name, module in model.named_modules():
         adapter = _adapter_for(module)
         if adapter is not None:
             found.append((module, adapter))
-        elif hasattr(module, "fused_attn") or isinstance(module, _UNSWITCHABLE):
-            unsupported.append(f"{name} ({type(module).__name__})")
+        elif (verdict := _static_verdict(module)) is not None:
+            unswitched[name] = Unswitched(name, type(module), *verdict)
     model_name = type(model).__name__
-    supported = f"supported timm classes: {', '.join(sorted(c.__name__ for c in _ADAPTERS))}"
-    if unsupported:
-        raise ConfigError(
-            f"{model_name} has attention modules set_attention cannot switch: {', '.join(unsupported)}; {supported}"
-        )
-    if not found:
-        raise ConfigError(f"{model_name} has no attention module set_attention can switch; {supported}")
-    for module, adapter in found:
-        if type(module) is not adapter:
-            module.__class__ = adapter
-            module.capture = None
+    undo = [_switch(module, adapter) for module, adapter in found]
+    try:
+        run = None if probe is False else image_probe(model) if probe is None or probe is True else probe
+        if run is not None:
+            for call in _probe(model, run):
+                verdict = _probe_verdict(call)
+                unswitched.setdefault(verdict.path, verdict)
+        refused = [u for u in unswitched.values() if not u.by_decision]
+        if not found:
+            detail = _listed(unswitched.values())
+            raise AttentionRefused(
+                f"{model_name} has no attention module set_attention can switch" + (f": {detail}" if detail else "")
+                + " (the support table in the README lists what switches)", list(unswitched.values())
+            )
+        if refused and strict:
+            raise AttentionRefused(
+                f"{model_name} has attention set_attention cannot switch, so it would keep softmax there: "
+                + _listed(refused)
+                + ". Set strict=False (YAML: model.init_args.attention_strict: false) to switch the rest",
+                list(unswitched.values()),
+            )
+    except BaseException:
+        for restore in reversed(undo):
+            restore()
+        raise
+    for module, _ in found:
         module.activation_spec = activation
-    return len(found)
+    if unswitched:
+        level = logging.WARNING if any(not u.by_decision for u in unswitched.values()) else logging.INFO
+        log.log(level, "%s: %d attention modules switched to %s; stays softmax: %s", model_name, len(found),
+                activation, _listed(unswitched.values()))
+    return [module for module, _ in found], list(unswitched.values())
+
+
+def _switch(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[], None]:
+    """Swap ``module``'s class to ``adapter`` on the probe activation (``fused_attn`` on, a ``capture`` kept);
+    return what undoes it."""
+    keys = ("activation_spec", "capture", "fused_attn")
+    saved_class, saved = type(module), {k: module.__dict__[k] for k in keys if k in module.__dict__}
+
+    def restore() -> None:
+        module.__class__ = saved_class
+        for key in keys:
+            module.__dict__.pop(key, None)
+        module.__dict__.update(saved)
+
+    if type(module) is not adapter:
+        module.__class__ = adapter
+        module.capture = None
+    if hasattr(module, "fused_attn"):
+        module.fused_attn = True
+    module.activation_spec = _PROBE_ACTIVATION
+    return restore
+
+
+def _probe(model: nn.Module, run: Probe) -> list[SoftmaxCall]:
+    """The softmax calls of one eval-mode forward (training flags restored after)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        return softmax_calls(model, run)
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _listed(unswitched) -> str:
+    """``a, b (+3 more) (timm.x.Class): reason; ...``: the modules grouped by class and reason."""
+    groups: dict[tuple[type, str], list[str]] = {}
+    for u in unswitched:
+        groups.setdefault((u.cls, u.reason), []).append(u.path or "<model>")
+    parts = []
+    for (cls, reason), paths in groups.items():
+        more = f" (+{len(paths) - 3} more)" if len(paths) > 3 else ""
+        parts.append(f"{', '.join(paths[:3])}{more} ({class_name(cls)}): {reason}")
+    return "; ".join(parts)
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, SwitchedAttention]]:
@@ -283,4 +381,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, SwitchedAttention]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, SwitchedAttention)]
 
 
-__all__ = ["AttentionInputs", "SwitchedAttention", "attention_map", "attention_modules", "set_attention"]
+__all__ = [
+    "AttentionInputs", "AttentionRefused", "Capture", "SwitchedAttention", "Unswitched", "attention_map", "attention_modules",
+    "set_attention",
+]

@@ -11,7 +11,9 @@ atomics are needed.
 Supported: ``poly{p}``, ``relu``, ``softplus``, ``sigmoid`` (an Activation's
 ``kernel`` form), fp16 / bf16 / fp32 operands, head dims up to 256, any
 boolean ``allowed`` mask (key padding or pairwise, read through broadcast
-strides), an additive score bias (Swin's relative-position bias; read through
+strides), causal masking (``CAUSAL``: query ``i`` attends keys ``j <= i + OFFSET``,
+``OFFSET = Nk - Nq``; each program's tile loop stops at, or starts from, the
+diagonal, so tiles above it are never computed, and only those it crosses are masked), an additive score bias (Swin's relative-position bias; read through
 broadcast strides, its gradient summed over the dimensions it broadcasts
 along), attention dropout, ragged lengths and ``Nq != Nk``.
 
@@ -167,11 +169,13 @@ if triton is not None:
 
     @triton.jit
     def _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                seed, threshold, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-                QK: tl.constexpr, PRECISION: tl.constexpr):
-        """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, dropout)."""
+                seed, threshold, OFFSET, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+                CAUSAL: tl.constexpr, QK: tl.constexpr, PRECISION: tl.constexpr):
+        """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, causal, dropout)."""
         z = _mm(q, tl.trans(k), QK, PRECISION) * t + shift[:, None]
         valid = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
         if HAS_BIAS:
             bias = tl.load(bias_base + offs_m[:, None] * sb_q + offs_n[None, :] * sb_k, mask=valid, other=0.0)
             z += bias.to(tl.float32)
@@ -218,9 +222,10 @@ if triton is not None:
 
     @triton.jit
     def _forward(Q, K, V, Out, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                 sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                 sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                  FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr,
+                 DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
+                 PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per query block: ``out = sum_k c phi(z) V``."""
         bh, pid = tl.program_id(0), tl.program_id(1)
@@ -230,21 +235,25 @@ if triton is not None:
         mask_base, bias_base, seed = _head_extras(Mask, Bias, Seed, bh, H, sm_b, sm_h, sb_b, sb_h, DROPOUT)
         K_head, V_head = K + bh.to(tl.int64) * Nk * D, V + bh.to(tl.int64) * Nk * DV
         acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-        for start in range(0, Nk, BLOCK_N):
+        hi = Nk
+        if CAUSAL:  # no key beyond the last row's reach
+            hi = tl.minimum(Nk, (pid + 1) * BLOCK_M + OFFSET)
+        for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
             z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, PRECISION)
+                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
             acc += _mm(p, v, PV, PRECISION)
         _store_rows(Out + bh.to(tl.int64) * Nq * DV, acc, offs_m, Nq, offs_dv, DV)
 
     @triton.jit
     def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                     sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                     sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                      FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr,
+                     DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
+                     PRECISION: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
         bh, pid = tl.program_id(0), tl.program_id(1)
@@ -256,12 +265,15 @@ if triton is not None:
         DO_head = DO + bh.to(tl.int64) * Nq * DV
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
-        for start in range(0, Nq, BLOCK_M):
+        lo = 0
+        if CAUSAL:  # no query before the first key's first reader
+            lo = tl.maximum(0, pid * BLOCK_N - OFFSET) // BLOCK_M * BLOCK_M
+        for start in range(lo, Nq, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
             do_c = _load_rows(DO_head, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
             z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, PRECISION)
+                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
             p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
             dv += _mm(tl.trans(p), do_c, PV, PRECISION)
             dk += _mm(tl.trans(_score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION)), q, PV, PRECISION)
@@ -270,9 +282,10 @@ if triton is not None:
 
     @triton.jit
     def _backward_q(Q, K, V, DO, DQ, DBias, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                    sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k,
+                    sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
                     FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    DROPOUT: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, PRECISION: tl.constexpr,
+                    DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr,
+                    PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                     BIAS_GRAD: tl.constexpr):
         """Per query block: ``dQ = t sum_k dS K``; with ``BIAS_GRAD`` also writes ``dS`` (the bias gradient)."""
@@ -285,12 +298,15 @@ if triton is not None:
         K_head, V_head = K + bh.to(tl.int64) * Nk * D, V + bh.to(tl.int64) * Nk * DV
         DS_head = DBias + bh.to(tl.int64) * Nq * Nk
         dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for start in range(0, Nk, BLOCK_N):
+        hi = Nk
+        if CAUSAL:
+            hi = tl.minimum(Nk, (pid + 1) * BLOCK_M + OFFSET)
+        for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K_head, offs_n, Nk, offs_d, D)
             v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
             z, valid = _scores(q, k, t, shift, bh, offs_m, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-                               seed, threshold, HAS_MASK, HAS_BIAS, DROPOUT, QK, PRECISION)
+                               seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK, PRECISION)
             ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PRECISION)
             if BIAS_GRAD:
                 inside = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
@@ -313,15 +329,17 @@ def _broadcast_strides(x: Tensor | None) -> tuple[int, int, int, int]:
     return tuple(0 if size == 1 else stride for size, stride in zip(x.shape, x.stride()))
 
 
-def _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p):
+def _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal):
     """Runtime arguments after the block tensors, and the compile-time ones, shared by all three kernels."""
     nq, nk, d, dv = q3.shape[1], k3.shape[1], q3.shape[2], v3.shape[2]
     threshold = min(math.floor(dropout_p * 2**32), 2**32 - 1)
     args = (c, shift, q3 if mask is None else mask, q3 if bias is None else bias, q3 if seed is None else seed,
-            t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias))
+            t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias),
+            0 if causal is None else causal)
     dtype = q3.dtype
     meta = dict(
         FORM=form, POWER=power, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, DROPOUT=dropout_p > 0,
+        CAUSAL=causal is not None,
         QK=_tl_dtype(dtype), PV=_tl_dtype(torch.bfloat16 if dtype == torch.bfloat16 else torch.float32),
         PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
@@ -343,9 +361,10 @@ if triton is not None:
     def triton_forward(
         q3: Tensor, k3: Tensor, v3: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
         seed: Optional[Tensor], heads: int, t: float, form: int, power: int, dropout_p: float,
+        causal: Optional[int] = None,
     ) -> Tensor:
         """``out (B*H, Nq, dv)`` from contiguous ``(B*H, N, d)`` operands; mask/bias 4-D, broadcastable."""
-        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p)
+        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
         config = launch_config("forward", q3.dtype, q3.shape[2], v3.shape[2])
         out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
         _launch(_forward, (q3.shape[0], triton.cdiv(q3.shape[1], config.block_m)), (q3, k3, v3, out, *args), meta, config)
@@ -355,14 +374,16 @@ if triton is not None:
     def triton_backward(
         q3: Tensor, k3: Tensor, v3: Tensor, do: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor],
         bias: Optional[Tensor], seed: Optional[Tensor], heads: int, t: float, form: int, power: int,
-        dropout_p: float, bias_grad: bool,
+        dropout_p: float, causal: Optional[int], bias_grad: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``dq, dk, dv`` and, with ``bias_grad``, ``dS`` as fp32 ``(B*H, Nq, Nk)`` (else an empty tensor)."""
-        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p)
+        args, meta = _kernel_args(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
         config = launch_config("backward", q3.dtype, q3.shape[2], v3.shape[2])
         bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
         dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-        ds = q3.new_empty((bh, nq, nk) if bias_grad else (0,), dtype=torch.float32)
+        ds = (q3.new_zeros if causal is not None else q3.new_empty)(  # causal: skipped tiles stay 0
+            (bh, nq, nk) if bias_grad else (0,), dtype=torch.float32
+        )
         _launch(_backward_kv, (bh, triton.cdiv(nk, config.block_n)), (q3, k3, v3, do, dk, dv, *args), meta, config)
         _launch(_backward_q, (bh, triton.cdiv(nq, config.block_m)), (q3, k3, v3, do, dq, ds if bias_grad else dq, *args),
                 {**meta, "BIAS_GRAD": bias_grad}, config)
@@ -383,7 +404,7 @@ class TritonAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float):
+    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None):
         B, H, nq, _ = q.shape
         nk, dv = k.shape[-2], v.shape[-1]
         q3, k3, v3 = (x.to(q.dtype).reshape(B * H, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v))
@@ -394,7 +415,7 @@ class TritonAttention(torch.autograd.Function):
         bias4 = None if bias is None else _as_4d(bias)
         seed = draw_seed(q.device) if dropout_p else None
         form, power = act.fused_form
-        ctx.op_args = (H, float(t), form, power, float(dropout_p))
+        ctx.op_args = (H, float(t), form, power, float(dropout_p), causal)
         out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias4, seed, *ctx.op_args)
         ctx.save_for_backward(q3, k3, v3, c, shift, mask, bias4, seed)
         ctx.inputs = [(x.shape, x.dtype) for x in (q, k, v)] + [None if bias is None else (bias.shape, bias.dtype)]
@@ -418,7 +439,7 @@ class TritonAttention(torch.autograd.Function):
             summed = ds4.sum(dim=broadcast, keepdim=True) if broadcast else ds4
             shape, dtype = ctx.inputs[3]
             dbias = summed.reshape(shape).to(dtype)
-        return (*grads, dbias, None, None, None, None, None)
+        return (*grads, dbias, None, None, None, None, None, None)
 
 
 def _as_4d(x: Tensor) -> Tensor:
@@ -431,24 +452,25 @@ _PROBED: dict[tuple, bool] = {}
 
 @torch.compiler.assume_constant_result
 def _compiles(device: str, dtype: torch.dtype, d: int, form: int, power: int, has_mask: bool, has_bias: bool,
-              dropout: bool) -> bool:
-    key = (device, dtype, d, form, power, has_mask, has_bias, dropout)
+              dropout: bool, causal: bool) -> bool:
+    key = (device, dtype, d, form, power, has_mask, has_bias, dropout, causal)
     if key not in _PROBED:
         _PROBED[key] = _probe(*key)
     return _PROBED[key]
 
 
 def triton_compiles(q: Tensor, act, has_mask: bool, has_bias: bool, dropout: bool, causal: bool = False) -> bool:
-    """Whether the kernels compile and run for this configuration (dtype, head dim, form, mask, bias, dropout).
+    """Whether the kernels compile and run for this configuration (dtype, head dim, form, mask, bias, dropout,
+    causal).
 
     Decided once per configuration and process, on tiny inputs (``v``'s head dim taken equal to ``q``'s);
     where they fail, a warning names the error and ``attention()`` uses the blocked kernel instead.
     """
     form, power = act.fused_form
-    return _compiles(str(q.device), q.dtype, q.shape[-1], form, power, has_mask, has_bias, dropout)
+    return _compiles(str(q.device), q.dtype, q.shape[-1], form, power, has_mask, has_bias, dropout, causal)
 
 
-def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
+def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout, causal) -> bool:
     n = 16
     try:
         g = torch.Generator().manual_seed(0)  # the default generator is left alone: seeded runs stay repeatable
@@ -458,9 +480,10 @@ def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
         bias = torch.zeros(1, 1, n, n, device=device) if has_bias else None
         seed = torch.ones(1, dtype=torch.int64, device=device) if dropout else None
         p = 0.1 if dropout else 0.0  # the usual attention dropout (Triton types its threshold as i32 then)
-        out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias, seed, 1, 1.0, form, power, p)
+        offset = 0 if causal else None
+        out = torch.ops.polyattn.triton_forward(q3, k3, v3, c, shift, mask, bias, seed, 1, 1.0, form, power, p, offset)
         grads = torch.ops.polyattn.triton_backward(q3, k3, v3, do, c, shift, mask, bias, seed, 1, 1.0, form, power,
-                                                   p, has_bias)
+                                                   p, offset, has_bias)
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         if not all(bool(x.isfinite().all()) for x in (out, *grads)):
@@ -468,7 +491,7 @@ def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
     except Exception as error:  # a Triton compile error, out of resources, an unsupported GPU...
         warnings.warn(
             f"the Triton attention kernel does not run on this GPU for {dtype}, head dim {d}, form {form}/{power}, "
-            f"mask={has_mask}, bias={has_bias}, dropout={dropout} ({type(error).__name__}: {error}); "
+            f"mask={has_mask}, bias={has_bias}, dropout={dropout}, causal={causal} ({type(error).__name__}: {error}); "
             "attention falls back to the blocked PyTorch kernel (slower)",
             stacklevel=4,
         )
@@ -478,9 +501,6 @@ def _probe(device, dtype, d, form, power, has_mask, has_bias, dropout) -> bool:
 
 def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:
     """``kernels.run`` signature."""
-    from .masks import with_causal
-
-    allowed = with_causal(allowed, causal, q.shape[-2], k.shape[-2], q.device)
     if triton is None:
         raise RuntimeError("the triton kernel needs the `triton` package")
     if not triton_supports(q, act):
@@ -488,4 +508,4 @@ def triton_attention(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) 
             f"the triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256 and a "
             f"built-in activation; got {q.device} {q.dtype} d={q.shape[-1]} {act.name!r}"
         )
-    return TritonAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p))
+    return TritonAttention.apply(q, k, v, bias, act, t, allowed, n, float(dropout_p), causal)

@@ -57,15 +57,20 @@ def probing(module: nn.Module) -> Iterator[None]:
 
 
 def probe_batch(pl_module: pl.LightningModule, batch: Any, size: int) -> Any:
+    """The probe of ``batch``'s first ``size`` samples: the module's ``attention_probe(batch, size)``
+    (:meth:`~polyattn_lightning.tasks.base.TaskModule.attention_probe`), else :func:`default_probe`'s."""
+    hook = getattr(pl_module, "attention_probe", None)  # a LightningModule not built on the tasks' base has none
+    return hook(batch, size) if hook is not None else default_probe(pl_module, batch, size)
+
+
+def default_probe(pl_module: pl.LightningModule, batch: Any, size: int) -> Any:
     """The model input of the first ``size`` samples of ``batch``, copied: ``batch`` itself if a tensor, its
     first item if ``(inputs, targets, ...)``, and for a dict the entries named like ``forward``'s parameters
     (as a tuple of positional arguments).
 
-    Another task defines ``attention_probe(batch, size)`` returning the argument of its ``forward``
-    (a tuple is passed as positional arguments).
+    This is :meth:`~polyattn_lightning.tasks.base.TaskModule.attention_probe`'s default; a task whose batches are
+    none of these overrides that hook (a tuple it returns is passed as positional arguments).
     """
-    if hasattr(pl_module, "attention_probe"):
-        return pl_module.attention_probe(batch, size)
     if isinstance(batch, Mapping):
         names = [p.name for p in inspect.signature(pl_module.forward).parameters.values()
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

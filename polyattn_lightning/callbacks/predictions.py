@@ -19,9 +19,10 @@ class PredictionWriter(BasePredictionWriter):
     of ``(path, label)``, e.g. image folders) it also holds ``"paths"``, each
     row's file, and ``"classes"``, the DataModule's class names by index.
 
-    A task whose predictions are not tensors (detections) writes its own format:
-    if the LightningModule has ``save_predictions(predictions, out_dir)``, it is
-    called on every rank with that rank's ``predict_step`` outputs, flattened.
+    A task whose predictions are not tensors (detections) writes its own format: the LightningModule's
+    ``save_predictions(predictions, out_dir)`` (:meth:`~polyattn_lightning.tasks.base.TaskModule.save_predictions`)
+    is called on every rank with that rank's ``predict_step`` outputs, flattened, and returns True when it wrote
+    them; a module without one, or whose one returns False, gets the tensor file above.
     """
 
     def __init__(self, dirname: str = "predictions"):
@@ -31,8 +32,8 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
         # Lightning nests both per predict loader (batch_indices even for a single one): flatten
         out_dir = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
-        if hasattr(pl_module, "save_predictions"):
-            pl_module.save_predictions(list(_flatten(predictions)), out_dir)
+        save = getattr(pl_module, "save_predictions", None)  # a LightningModule not built on the tasks' base has none
+        if save is not None and save(list(_flatten(predictions)), out_dir):
             return
         outputs = torch.cat([p.cpu() for p in _flatten(predictions)])
         indices = torch.tensor(list(_flatten(batch_indices)), dtype=torch.long)

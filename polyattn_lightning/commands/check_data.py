@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from ..cli import PolyattnCLI, check_config, make_cli, resolve_task_defaults
-from ..data.base import ImageDataModule
+from ..data.base import DataModule
 from ..data.image_check import find_unreadable_images
 from ..errors import ConfigError, DataError
 
@@ -40,7 +40,7 @@ def image_paths(datamodule) -> list[str]:
     datamodule.prepare_data()  # a generated set (the synthetic COCO shapes) is written first
     if hasattr(datamodule, "image_files"):
         return datamodule.image_files()
-    return ImageDataModule.image_files(datamodule)
+    return DataModule.image_files(datamodule)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """DataModules (image classification, COCO detection, Long Range Arena); importing this package makes their short
 names usable in YAML. ``coco`` imports mmdet only when its data sets are built."""
-from .base import CorruptImageError, ImageDataModule, ImageList, read_rgb
+from .base import CorruptImageError, DataModule, ImageList, read_rgb
 from .coco import COCODataModule
 from .digits import DigitsDataModule
 from .image_folder import ImageFolderDataModule
@@ -15,7 +15,7 @@ __all__ = [
     "COCODataModule",
     "CorruptImageError",
     "DigitsDataModule",
-    "ImageDataModule",
+    "DataModule",
     "ImageFolderDataModule",
     "IMDbDataModule",
     "ImageList",

@@ -1,9 +1,10 @@
-"""The one place where this project's DataModules make their DataLoaders.
+"""The contract of this project's DataModules, and the one place where they make their DataLoaders.
 
-Every image DataModule subclasses :class:`ImageDataModule` and only says how to
-build its datasets; loader settings (workers, pinned memory, persistent
-workers, dropping the last ragged training batch for Mixup) live here, so a
-change to how loaders are made (samplers, resumable loaders) is made once.
+Every DataModule (images, COCO, Long Range Arena) subclasses :class:`DataModule` and only says how to build its
+datasets and what the data determines (``num_classes``, ``classes``; the LRA ones ``vocab_size``...): the tasks
+read those after ``setup()`` (``tasks/base.py``). Loader settings (workers, pinned memory, persistent workers,
+dropping the last ragged training batch for Mixup) live here, so a change to how loaders are made (samplers,
+resumable loaders) is made once.
 """
 from __future__ import annotations
 
@@ -69,20 +70,29 @@ def require_dir(path: Path, layout: str) -> Path:
     return path
 
 
-class ImageDataModule(pl.LightningDataModule):
+class DataModule(pl.LightningDataModule):
     """Base of every DataModule: images here, token sequences in ``data/lra``, COCO in ``data/coco``.
 
-    Subclasses set ``self.train_set``, ``self.val_set`` (and optionally
-    ``self.test_set``; the validation split is used otherwise) in ``setup`` and
-    report ``num_classes``, which the task checks against its model.
+    Subclasses set ``self.train_set``, ``self.val_set`` (and optionally ``self.test_set``; the validation split
+    is used otherwise) in ``setup``, and there, or as class attributes, what the data determines:
+    ``num_classes`` and ``classes``, which a task takes for its values left None or checks its given ones against.
     """
 
-    num_classes: int
+    #: the class count; None until ``setup()`` has read it from the data (or when the data has no classes)
+    num_classes: int | None = None
+    #: the class names by label index (predictions name them); None when the data has no names
+    classes: list[str] | None = None
     #: makes a batch from samples; None is PyTorch's default (the LRA DataModules pad sequences here,
     #: the COCO DataModule returns mmengine's ``pseudo_collate``)
     collate_fn: Callable[[list], Any] | None = None
     #: drop the ragged last training batch (Mixup needs even, full batches); detection keeps it
     drop_last_train: bool = True
+
+    @classmethod
+    def check_paths(cls, **init_args: Any) -> None:
+        """Called by the CLI with the init arguments before any model is built: raise a
+        :class:`~polyattn_lightning.errors.MissingPathError` naming a data path that cannot be right (the default
+        checks nothing: data generated on first use has no path)."""
 
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, DataError, MissingPathError
-from .base import ImageDataModule
+from .base import DataModule
 from .image_check import require_readable
 from .synthetic_coco import SyntheticCOCO, default_root, ensure_synthetic_coco
 
@@ -126,7 +126,7 @@ def _checked_dataset_class(base: type) -> type:
     return CheckedCocoDataset
 
 
-class COCODataModule(ImageDataModule):
+class COCODataModule(DataModule):
     """COCO 2017's layout (or any COCO-format set laid out the same way) through mmdet's ``CocoDataset``.
 
     Training: random flip, then with probability 1/2 a resize to a random short
@@ -137,7 +137,7 @@ class COCODataModule(ImageDataModule):
     short side ``test_size``. Batches are mmengine ``pseudo_collate`` dicts
     (``inputs``: uint8 CHW tensors, ``data_samples``: ``DetDataSample``) that the
     detector's data preprocessor normalises and pads. Loaders come from
-    :class:`~polyattn_lightning.data.base.ImageDataModule`: training resumes
+    :class:`~polyattn_lightning.data.base.DataModule`: training resumes
     mid-epoch, each image augmented by (seed, epoch, index) alone (mmdet's
     transforms draw from numpy's global RNG); evaluation counts every image
     once under DDP.
@@ -186,7 +186,7 @@ class COCODataModule(ImageDataModule):
         """
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=False)
         self.root = root
-        self.classes = classes
+        self.given_classes = classes
         self.train_sizes = list(train_sizes)
         self.crop_sizes = list(crop_sizes) if crop_sizes else None
         self.crop_size = tuple(crop_size)
@@ -196,7 +196,7 @@ class COCODataModule(ImageDataModule):
         self.synthetic = synthetic
         self.synthetic_root = synthetic_root
         self.check_images = check_images
-        self.class_names: list[str] | None = None
+        self.classes: list[str] | None = None  # the classes trained on, read from the annotation files in setup()
         self.category_ids: list[int] | None = None  # the annotation file's id of each class, by label
 
     # ---- where the data is -------------------------------------------------------------------------
@@ -220,10 +220,9 @@ class COCODataModule(ImageDataModule):
         return self.split_paths("val2017")[0]
 
     @property
-    def num_classes(self) -> int:
-        if self.class_names is None:
-            raise RuntimeError("COCODataModule: the classes are read from the annotation file in setup()")
-        return len(self.class_names)
+    def num_classes(self) -> int | None:
+        """The category count of the annotation files, once ``setup()`` has read them."""
+        return None if self.classes is None else len(self.classes)
 
     @classmethod
     def check_paths(cls, root: str | None = None, **_) -> None:
@@ -245,11 +244,11 @@ class COCODataModule(ImageDataModule):
         for split in splits:
             ann_file, img_dir = self.split_paths(split)
             categories = read_annotations(ann_file, img_dir)
-            classes = check_classes(self.classes, [cat["name"] for cat in categories], ann_file)
-            if self.class_names is not None and classes != self.class_names:
+            classes = check_classes(self.given_classes, [cat["name"] for cat in categories], ann_file)
+            if self.classes is not None and classes != self.classes:
                 raise COCODataError(f"the categories of {ann_file} ({classes}) differ from those of the other "
-                                    f"split ({self.class_names})")
-            self.class_names, self.category_ids = classes, [cat["id"] for cat in categories]
+                                    f"split ({self.classes})")
+            self.classes, self.category_ids = classes, [cat["id"] for cat in categories]
         if self.check_images:
             require_readable(self.image_files(splits))
         if stage == "fit":
@@ -278,7 +277,7 @@ class COCODataModule(ImageDataModule):
             dataset = _checked_dataset_class(CocoDataset)(
                 ann_file=str(ann_file),
                 data_prefix={"img": str(img_dir)},
-                metainfo={"classes": tuple(self.class_names)},
+                metainfo={"classes": tuple(self.classes)},
                 filter_cfg={"filter_empty_gt": True, "min_size": self.min_size} if train else None,
                 pipeline=[transforms.build(step) for step in pipeline],
                 test_mode=not train,

@@ -7,10 +7,10 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
-from .base import ImageDataModule
+from .base import DataModule
 
 
-class DigitsDataModule(ImageDataModule):
+class DigitsDataModule(DataModule):
     """1,797 handwritten digits (10 classes), upsampled to ``img_size`` RGB images.
 
     The split is stratified and fixed by ``split_seed``, so every run (and every

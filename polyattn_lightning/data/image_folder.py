@@ -6,14 +6,14 @@ from pathlib import Path
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from ..errors import MissingPathError
-from .base import ImageDataModule, ImageList, available_cpus, require_dir
+from .base import DataModule, ImageList, available_cpus, require_dir
 from .image_check import require_readable
 from .transforms import AugmentRecipe, build_transform
 
 Samples = list[tuple[str, int]]
 
 
-class ImageFolderDataModule(ImageDataModule):
+class ImageFolderDataModule(DataModule):
     """Class-per-folder images (ImageNet-1k); classes are the sorted train folder names.
 
     Images are decoded lazily by the loader workers; a file PIL cannot read

@@ -1,11 +1,11 @@
 """Image classification with a timm model whose attention comes from the registry."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Mapping
 
-import lightning.pytorch as pl
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
@@ -13,12 +13,11 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
-from ..attention.timm_patch import set_attention
 from ..checkpoint import checkpoint_safe
-from ..errors import ConfigError
-from .models import create_timm_model
-from .evaluation import log_evaluation
-from .optim import OptimRecipe, configure_recipe, step_scheduler
+from ..errors import ConfigError, UserInputError
+from .base import TaskModule, as_dataclass, logits_evaluation
+from .models import check_model_name, create_timm_model, resolve_pretrained_file
+from .optim import OptimRecipe
 
 
 @checkpoint_safe
@@ -44,104 +43,119 @@ class MixupRecipe:
 @checkpoint_safe
 @dataclass
 class Recipe:
-    """The training recipe: optimizer and schedule, batch mixing, stochastic depth."""
+    """Deprecated: the ``recipe`` block of runs made before ClassificationModule took ``optim``, ``mixup`` and
+    ``drop_path_rate`` itself; kept so that their checkpoints (which pickle it) and saved configs still load."""
 
     optim: OptimRecipe = field(default_factory=OptimRecipe)
     mixup: MixupRecipe = field(default_factory=MixupRecipe)
     drop_path_rate: float = 0.0
 
 
-class ClassificationModule(pl.LightningModule):
-    """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation."""
+def from_recipe(hparams: dict[str, Any]) -> None:
+    """Map an old ``recipe`` hyperparameter onto ``optim``, ``mixup`` and ``drop_path_rate`` (in place, as plain
+    values), with one deprecation line; a value also given under its new key must agree with the recipe's."""
+    recipe = hparams.pop("recipe", None)
+    if recipe is None:
+        return
+    rank_zero_warn("model.init_args.recipe is deprecated: its optim, mixup and drop_path_rate are now "
+                   "model.init_args.optim, .mixup and .drop_path_rate (mapped onto them)", category=FutureWarning)
+    recipe = asdict(recipe) if isinstance(recipe, Recipe) else dict(recipe)
+    for item in fields(Recipe):
+        default = item.default_factory() if item.default is MISSING else item.default
+        plain = (lambda value: json.loads(json.dumps(asdict(as_dataclass(value, type(default))))) if is_dataclass(default)
+                 else (lambda value: value))  # as plain values (lists, not tuples), which compare
+        value, given = plain(recipe.get(item.name, default)), plain(hparams.get(item.name, default))
+        if given != plain(default) and given != value:
+            raise ConfigError(f"model.init_args.{item.name} is given twice, as {given} and as recipe.{item.name} "
+                              f"{value}; give it once, as model.init_args.{item.name}")
+        hparams[item.name] = value
 
-    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
-    monitor, mode = "val/top1", "max"
 
-    #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``
-    hparams_checkpoint: str | None = None
+class ClassificationModule(TaskModule):
+    """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation.
+
+    ``num_classes`` and ``img_size`` left None are the DataModule's (``num_classes``, ``img_size``).
+    """
+
+    data_args = ("num_classes",)
+    optional_data_args = ("img_size",)
 
     def __init__(
         self,
         model_name: str,
-        num_classes: int,
+        num_classes: int | None = None,
         attention: ActivationSpec = "softmax",
         img_size: int | None = None,
         model_kwargs: dict[str, Any] | None = None,
         pretrained: str | None = None,
-        recipe: Recipe = Recipe(),
+        optim: OptimRecipe = OptimRecipe(),
+        mixup: MixupRecipe = MixupRecipe(),
+        drop_path_rate: float = 0.0,
+        test_after_fit: bool = False,
+        recipe: Recipe | None = None,
     ):
         """
         Args:
             model_name: a timm model name, e.g. ``vit_small_patch16_224``.
-            num_classes: classifier outputs; must match the data.
+            num_classes: classifier outputs; None (the default) takes the DataModule's class count.
             attention: registry activation for every attention layer, e.g. ``poly3`` or
                 ``{name: poly3, scale: 0.0714}``; ``softmax`` keeps timm's behaviour.
-            img_size: input side, for models that take one (ViT, Swin, XCiT).
+            img_size: input side, for models that take one (ViT, Swin, XCiT); None takes the DataModule's
+                ``img_size`` when the class count is left to the data too, else the model's default.
             model_kwargs: further ``timm.create_model`` arguments (``patch_size``, ``depth``, ``embed_dim``...).
             pretrained: weights to start from, never downloaded: a local weight file, a Hugging Face cache
                 directory, or the ``.ckpt`` of another run of this module (e.g. softmax, to fine-tune into poly3).
-            recipe: optimizer, schedule, Mixup/CutMix, label smoothing and drop path.
+            optim: optimizer and schedule.
+            mixup: Mixup/CutMix and label smoothing.
+            drop_path_rate: stochastic depth.
+            test_after_fit: at the end of ``fit``, test with the best checkpoint.
+            recipe: deprecated, the block that held ``optim``, ``mixup`` and ``drop_path_rate`` before (old runs).
         """
         super().__init__()
         self.save_hyperparameters()
-        self.num_classes = num_classes
-        self.recipe = recipe
-        self.model = create_timm_model(
-            model_name, num_classes, img_size, recipe.drop_path_rate, pretrained, **(model_kwargs or {})
-        )
-        set_attention(self.model, attention)  # softmax too, so every model takes the registry path
+        from_recipe(self.hparams)
+        self.mixup_recipe = as_dataclass(self.hparams.mixup, MixupRecipe)
+        self.model: nn.Module | None = None
+        self.build_if_known()
 
-        mix = recipe.mixup
-        self.mixup = Mixup(**asdict(mix), num_classes=num_classes) if mix.enabled else None
+    @classmethod
+    def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
+        """The attention spec, the timm model name and the pretrained file (the CLI drops it for ``--ckpt_path``)."""
+        super().check_init_args(init_args)
+        for key, check in (("model_name", check_model_name), ("pretrained", resolve_pretrained_file)):
+            if init_args.get(key) is not None:
+                try:
+                    check(init_args[key])
+                except UserInputError as err:
+                    raise type(err)(f"model.init_args.{key}: {err}") from err
+
+    def build(self) -> None:
+        hp = self.hparams
+        self.model = create_timm_model(
+            hp.model_name, hp.num_classes, hp.img_size, hp.drop_path_rate, hp.pretrained, **(hp.model_kwargs or {})
+        )
+        mix = self.mixup_recipe
+        self.mixup = Mixup(**asdict(mix), num_classes=hp.num_classes) if mix.enabled else None
         self.train_loss = (
             SoftTargetCrossEntropy() if mix.enabled else nn.CrossEntropyLoss(label_smoothing=mix.label_smoothing)
         )
-        metrics = MetricCollection(
-            {
-                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-                "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
-            }
-        )
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
+        self.set_metrics(MetricCollection({
+            "top1": MulticlassAccuracy(hp.num_classes, top_k=1, average="micro"),
+            "top5": MulticlassAccuracy(hp.num_classes, top_k=min(5, hp.num_classes), average="micro"),
+        }))
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.hparams.num_classes
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
-    def setup(self, stage: str) -> None:
-        """Fail before any step if the model's class count or input size disagrees with the data's."""
-        datamodule = self.trainer.datamodule
-        data_name = type(datamodule).__name__
-        data_classes = getattr(datamodule, "num_classes", None)
-        if data_classes is not None and data_classes != self.num_classes:
-            ckpt_path = self.hparams_checkpoint
-            if ckpt_path:
-                raise ConfigError(
-                    f"checkpoint {ckpt_path} has num_classes={self.num_classes} (its saved hyperparameters replace "
-                    f"the config's model.init_args.num_classes) but {data_name} has {data_classes} classes; "
-                    "use it on data with the classes it was trained on, or fine-tune from it with "
-                    "--model.pretrained instead of --ckpt_path (the classifier is then re-initialised)"
-                )
-            raise ConfigError(
-                f"model.init_args.num_classes is {self.num_classes} but {data_name} has {data_classes} classes; "
-                f"set model.init_args.num_classes: {data_classes}"
-            )
-        model_size = self.hparams.get("img_size")
-        data_size = getattr(datamodule, "img_size", None)
-        if model_size is not None and data_size is not None and model_size != data_size:
-            raise ConfigError(
-                f"model.init_args.img_size is {model_size} but data.init_args.img_size is {data_size}; "
-                "the model takes images of one size: set both to the same value"
-            )
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state); a plain
-        ``load_from_checkpoint`` (no trainer) leaves that to its caller, who knows the file."""
+        """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state)."""
         path = self._trainer.ckpt_path if self._trainer is not None else None
-        if path is None:
-            return
         rank_zero_info(
-            f"checkpoint {path}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
+            f"checkpoint {path or ''}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
             f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
             + ("" if self.hparams.get("pretrained") else " (no pretrained file was read)")
         )
@@ -154,22 +168,10 @@ class ClassificationModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val")
-
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
+    def evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+        images, targets = batch
+        logits_evaluation(self, self(images), targets, stage)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Class probabilities."""
         return self(batch[0]).softmax(dim=-1)
-
-    def _evaluate(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> None:
-        images, targets = batch
-        log_evaluation(self, self(images), targets, metrics, stage)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return configure_recipe(self, self.model, self.recipe.optim)
-
-    def lr_scheduler_step(self, scheduler, metric) -> None:
-        step_scheduler(self, scheduler)

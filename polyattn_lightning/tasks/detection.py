@@ -18,17 +18,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import yaml
 from jsonargparse.typing import Path_fr
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..attention import ActivationSpec
-from ..attention.timm_patch import set_attention
 from ..distributed import gather_objects
 from ..errors import ConfigError, MissingPathError
-from .optim import OptimRecipe, configure_recipe, step_scheduler
+from .base import TaskModule
+from .optim import OptimRecipe
 
 #: CocoMetric's summary numbers, logged as ``val/<iou type>_<item>`` (e.g. ``val/bbox_mAP_50``).
 METRIC_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
@@ -71,35 +70,74 @@ def _pycocotools_output():
 
 
 def load_detector_config(detector: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    """The mmdet model config: the mapping itself, or the mapping held by a YAML file.
+    """The mmdet model config: the mapping itself, or the mapping held by a YAML file, over its ``_base_``.
 
-    A path given in a config file arrives as jsonargparse's ``Path_fr``, already
-    resolved against that config file's folder (its ``absolute``).
+    A mapping with ``_base_: <yaml file>`` (relative to the file holding the mapping; for a mapping given inline,
+    to the working directory) is that file's mapping (itself loaded this way) deep-merged with the rest: mappings
+    are merged key by key, any other value (a list too) replaces the base's. A path given in a config file arrives
+    as jsonargparse's ``Path_fr``, already resolved against that config file's folder (its ``absolute``).
     """
     if isinstance(detector, Mapping):
-        return copy.deepcopy(dict(detector))
-    path = Path(getattr(detector, "absolute", detector))
+        return _with_base(copy.deepcopy(dict(detector)), Path.cwd(), "the detector mapping")
+    absolute = getattr(detector, "absolute", None)  # jsonargparse's Path_fr: a str; pathlib's Path: a method
+    path = Path(absolute if isinstance(absolute, str) else detector)
     if not path.is_file():
         raise MissingPathError(f"detector config {path} does not exist (a YAML file holding an mmdet model mapping)")
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read the detector config {path}: {err}") from err
-    if not isinstance(config, dict) or "type" not in config:
+    if not isinstance(config, dict) or not ("type" in config or "_base_" in config):
         raise ConfigError(f"{path}: expected an mmdet model config mapping with a 'type' (e.g. MaskRCNN)")
-    return config
+    return _with_base(config, path.parent, str(path))
 
 
-def _with_num_classes(config: dict, num_classes: int) -> dict:
+def _with_base(config: dict[str, Any], folder: Path, where: str) -> dict[str, Any]:
+    """``config`` deep-merged over the mapping its ``_base_`` names (relative to ``folder``); itself without one."""
+    base = config.pop("_base_", None)
+    if base is None:
+        if "type" not in config:
+            raise ConfigError(f"{where}: expected an mmdet model config mapping with a 'type' (e.g. MaskRCNN)")
+        return config
+    if not isinstance(base, str):
+        raise ConfigError(f"{where}: _base_ must name one YAML file, got {base!r}")
+    return deep_merge(load_detector_config(folder / base), config)
+
+
+def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override``'s values: mappings merged key by key, anything else (lists too) replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+#: the RoI heads that have a ``num_classes`` (Mask R-CNN: the box and the mask head)
+CLASS_HEADS = ("bbox_head", "mask_head")
+
+
+def heads_num_classes(config: Mapping[str, Any]) -> int | None:
+    """The ``num_classes`` the detector config's RoI heads state (None if none does); they must agree."""
+    roi_head = config.get("roi_head")
+    stated = {f"roi_head.{key}.num_classes": roi_head[key]["num_classes"] for key in CLASS_HEADS
+              if isinstance(roi_head, Mapping) and isinstance(roi_head.get(key), Mapping)
+              and "num_classes" in roi_head[key]} if isinstance(roi_head, Mapping) else {}
+    if len(set(stated.values())) > 1:
+        raise ConfigError(f"the detector config's heads disagree on the class count: {stated}")
+    return next(iter(stated.values()), None)
+
+
+def with_num_classes(config: dict, num_classes: int) -> dict:
     """``config`` with every RoI head's ``num_classes`` set (Mask R-CNN: the box and the mask head)."""
     roi_head = config.get("roi_head")
-    heads = [roi_head.get(key) for key in ("bbox_head", "mask_head")] if isinstance(roi_head, dict) else []
-    if not any(isinstance(head, dict) and "num_classes" in head for head in heads):
-        raise ConfigError("num_classes is given but the detector config has no roi_head.bbox_head/mask_head "
-                         "with a num_classes to set")
+    heads = [roi_head[key] for key in CLASS_HEADS if isinstance(roi_head.get(key), dict)] if isinstance(roi_head, dict) else []
+    if not heads:
+        raise ConfigError("the detector config has no roi_head.bbox_head or mask_head to set num_classes on")
     for head in heads:
-        if isinstance(head, dict) and "num_classes" in head:
-            head["num_classes"] = num_classes
+        head["num_classes"] = num_classes
     return config
 
 
@@ -136,68 +174,102 @@ def coco_scores(metric, results: list[dict]) -> dict[str, float]:
     return {f"{kind}_{item}": float(scores.get(f"{kind}_{item}", 0.0)) for kind in metric.metrics for item in METRIC_ITEMS}
 
 
-class DetectionModule(pl.LightningModule):
-    """An mmdet detector (e.g. XCiT Mask R-CNN + FPN) whose backbone attention comes from the registry."""
+class DetectionModule(TaskModule):
+    """An mmdet detector (e.g. XCiT Mask R-CNN + FPN) whose backbone attention comes from the registry.
+
+    The class count is the DataModule's unless given (here or by the config's heads, not both).
+    """
 
     #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
     monitor, mode = "val/bbox_mAP", "max"
+    data_args = ("num_classes",)
 
     def __init__(
         self,
         detector: dict[str, Any] | Path_fr,
-        attention: ActivationSpec = "softmax",
+        attention: ActivationSpec | None = None,
         num_classes: int | None = None,
         pretrained: str | None = None,
         optim: OptimRecipe = OptimRecipe(),
+        test_after_fit: bool = False,
     ):
         """
         Args:
             detector: an mmdet model config mapping (``type: MaskRCNN``, ``backbone``, ``neck``,
                 ``rpn_head``, ``roi_head``, ``train_cfg``, ``test_cfg``, ``data_preprocessor``), built
                 with mmdet's ``MODELS`` registry, or a YAML file holding one (in a config file, relative
-                to that file). The hyperparameters keep the mapping, not the path.
+                to that file), either possibly over a ``_base_`` (:func:`load_detector_config`). The
+                hyperparameters keep the merged mapping, not the path.
             attention: registry activation for every attention layer of the backbone, as in
-                classification: ``softmax``, ``poly3``, ``{name: poly3, scale: 0.0714}``...
-            num_classes: when set, the RoI heads' ``num_classes`` (which must match the data's classes);
-                unset, the detector config's value is used and checked against the data.
+                classification: ``softmax``, ``poly3``, ``{name: poly3, scale: 0.0714}``...; None takes the
+                backbone mapping's ``attention``, else softmax. Given in both places, it is an error.
+            num_classes: the RoI heads' class count; None takes the heads' ``num_classes`` if the detector
+                config states one, else the data's. A count that differs from the data's is an error.
             pretrained: backbone weights to start from: this project's classification ``.ckpt`` or a
-                timm/official XCiT state dict; never downloaded.
+                timm/official XCiT state dict; never downloaded. (Not in the backbone mapping: ``--ckpt_path``
+                skips this one.)
             optim: optimizer and schedule (the XCiT 3x recipe in ``configs/detection/recipes``).
+            test_after_fit: at the end of ``fit``, test with the best checkpoint (by box AP).
         """
         super().__init__()
         self.save_hyperparameters()
         config = load_detector_config(detector)
         self.hparams.detector = copy.deepcopy(config)  # checkpoints hold the config itself (weights_only-loadable)
-        if num_classes is not None:
-            config = _with_num_classes(config, num_classes)
+        backbone = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
+        if "pretrained" in backbone:
+            raise ConfigError("detector.backbone.pretrained: give the backbone weights as model.init_args.pretrained "
+                              "(one place, which --ckpt_path knows to skip)")
+        backbone_attention = backbone.pop("attention", None)  # switched once, by the base, to the one spec
+        if attention is not None and backbone_attention is not None:
+            raise ConfigError(f"the backbone attention is given twice: model.init_args.attention {attention!r} and "
+                              f"detector.backbone.attention {backbone_attention!r}; give it in one place")
+        self._attention = attention if attention is not None else backbone_attention or "softmax"
+        stated = heads_num_classes(config)
+        if num_classes is not None and stated is not None and num_classes != stated:
+            raise ConfigError(f"the class count is given twice: model.init_args.num_classes {num_classes} and the "
+                              f"detector config's heads num_classes {stated}; give it in one place (or leave both out: "
+                              "the data's count is used)")
+        self.hparams.num_classes = num_classes if num_classes is not None else stated
+        self._config = config
+        self.detector = None
+        self._results: list[dict] = []
+        self._metric = None
+        self.build_if_known()
+
+    def build(self) -> None:
         models, config_dict, _ = _mmdet_detection()
+        config = with_num_classes(copy.deepcopy(self._config), self.hparams.num_classes)
         self.detector = models.build(config_dict(config))  # mmdet reads nested settings as attributes
         with _quiet_mmengine():  # mmengine logs one line per parameter that init_weights leaves alone
             self.detector.init_weights()
-        set_attention(self.detector.backbone, attention)
-        if pretrained is not None:
-            self.detector.backbone.load_pretrained(pretrained)
-        self.optim = optim
-        self._results: list[dict] = []
-        self._metric = None
+        if self.hparams.pretrained is not None:
+            self.detector.backbone.load_pretrained(self.hparams.pretrained)
+
+    def attention_target(self) -> nn.Module:
+        return self.detector.backbone
+
+    def attention_spec(self) -> ActivationSpec:
+        return self._attention
+
+    def optimized_module(self) -> nn.Module:
+        return self.detector
 
     # ---- set-up ------------------------------------------------------------------------------------
 
     @property
-    def num_classes(self) -> int:
-        return self.detector.roi_head.bbox_head.num_classes
+    def num_classes(self) -> int | None:
+        return self.hparams.num_classes
 
     def setup(self, stage: str) -> None:
         """Check the classes against the data and make the COCO metric for its annotation file."""
         datamodule = self.trainer.datamodule
-        names = getattr(datamodule, "class_names", None)
+        names = getattr(datamodule, "classes", None)
         if names is None or not hasattr(datamodule, "val_ann_file"):
-            raise ConfigError(f"DetectionModule needs a COCO-format DataModule (class_names, val_ann_file), got "
-                            f"{type(datamodule).__name__}")
-        if len(names) != self.num_classes:
-            raise ConfigError(f"the detector has num_classes={self.num_classes} but the data has {len(names)} "
-                             f"classes {names}; set model.init_args.num_classes: {len(names)}")
-        self._metric = coco_metric(datamodule.val_ann_file, names, self.detector.with_mask)
+            raise ConfigError(f"DetectionModule needs a COCO-format DataModule (classes, val_ann_file), got "
+                              f"{type(datamodule).__name__}")
+        super().setup(stage)
+        with_mask = isinstance(self._config.get("roi_head"), dict) and self._config["roi_head"].get("mask_head") is not None
+        self._metric = coco_metric(datamodule.val_ann_file, names, with_mask)  # set up before the detector is built
 
     def _preprocess(self, batch: dict, training: bool) -> dict:
         preprocessor = self.detector.data_preprocessor
@@ -233,10 +305,8 @@ class DetectionModule(pl.LightningModule):
         converted, self._metric.results = self._metric.results, []
         return [result for _gt, result in converted]
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._results.extend(self._predict(batch))
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
+    def evaluate(self, batch: dict, stage: str) -> None:
+        """Keep the batch's detections; they are scored together at the end of the epoch."""
         self._results.extend(self._predict(batch))
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
@@ -275,14 +345,14 @@ class DetectionModule(pl.LightningModule):
 
     # ---- prediction files --------------------------------------------------------------------------
 
-    def save_predictions(self, predictions: list[dict], out_dir: Path) -> None:
+    def save_predictions(self, predictions: list[dict], out_dir: Path) -> bool:
         """Write every rank's detections as COCO results JSON, ``<out_dir>/results.bbox.json`` and (with
         masks) ``results.segm.json``: one entry per detection with ``image_id``, ``category_id``, ``bbox``
         (x, y, w, h), ``score`` and, in the latter, the RLE ``segmentation``. Called by
         :class:`~polyattn_lightning.callbacks.PredictionWriter` on every rank; rank 0 writes."""
         results = _by_image(_gather(predictions))
         if not self.trainer.is_global_zero:
-            return
+            return True
         metric = self._metric
         metric.cat_ids = self.trainer.datamodule.category_ids
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -293,11 +363,4 @@ class DetectionModule(pl.LightningModule):
                     os.replace(files[kind], out_dir / f"results.{kind}.json")
                 elif not results:
                     (out_dir / f"results.{kind}.json").write_text("[]")
-
-    # ---- optimization ------------------------------------------------------------------------------
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return configure_recipe(self, self.detector, self.optim)
-
-    def lr_scheduler_step(self, scheduler, metric) -> None:
-        step_scheduler(self, scheduler)
+        return True

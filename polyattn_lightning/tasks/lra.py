@@ -7,26 +7,22 @@ DataModule's ``vocab_size``, ``num_classes``, ``max_length`` and ``two_tower``:
 the model is built in ``configure_model``, once the data is set up, and those
 values are saved with the hyperparameters so that a checkpoint rebuilds it.
 
-``lightning fit`` ends with ``trainer.test(ckpt_path="best")`` (``on_fit_end``):
-the test split is scored with the best checkpoint by ``val/top1``, as Xiong et al.
-do, and logged as ``test/top1``; ``test_after_fit: false`` turns it off. The module then
-holds the best checkpoint's weights, not the last step's.
+``lightning fit`` ends with a test of the best checkpoint by ``val/top1`` (the base's ``test_after_fit``), as
+Xiong et al. do, logged as ``test/top1``; ``test_after_fit: false`` turns it off. The module then holds the best
+checkpoint's weights, not the last step's.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
-from ..errors import ConfigError
 from ..models import LRAClassifier
-from .evaluation import log_evaluation
-from .optim import OptimRecipe, configure_recipe, step_scheduler
+from .base import TaskModule, logits_evaluation
+from .optim import OptimRecipe
 
 #: Xiong et al.'s optimizer and schedule: AdamW (0.9, 0.999), eps 1e-6, no weight decay, lr 1e-4, linear
 #: warmup from lr/25 then linear decay to lr/25e4 (PyTorch OneCycleLR's defaults). Set warmup_steps per task.
@@ -35,15 +31,11 @@ LRA_OPTIM = OptimRecipe(
     schedule="linear",
 )
 
-#: Model arguments the DataModule supplies when they are not given.
-DATA_ARGS = ("vocab_size", "num_classes", "max_length", "two_tower")
-
-
-class LRAModule(pl.LightningModule):
+class LRAModule(TaskModule):
     """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation."""
 
-    #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
-    monitor, mode = "val/top1", "max"
+    #: the DataModule supplies these when they are not given
+    data_args = ("vocab_size", "num_classes", "max_length", "two_tower")
 
     def __init__(
         self,
@@ -78,39 +70,16 @@ class LRAModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model: LRAClassifier | None = None
-        self.optim = optim
-        if None not in (vocab_size, num_classes, max_length, two_tower):
-            self.configure_model()
+        self.build_if_known()
 
-    def configure_model(self) -> None:
-        """Build the model from the hyperparameters, filling the ones left None from the DataModule."""
-        if self.model is not None:
-            return
+    def build(self) -> None:
         hp = self.hparams
-        missing = [name for name in DATA_ARGS if hp[name] is None]
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        for name in DATA_ARGS:
-            data_value = getattr(datamodule, name, None)
-            if hp[name] is None:
-                if data_value is None:
-                    raise ConfigError(
-                        f"LRAModule needs {name}: give model.init_args.{name} or use a DataModule that has it "
-                        f"(missing: {', '.join(missing)})"
-                    )
-                hp[name] = data_value  # saved with the checkpoint's hyperparameters
-            elif data_value is not None and data_value != hp[name]:
-                raise ConfigError(
-                    f"model {name}={hp[name]} but {type(datamodule).__name__} has {name}={data_value}; "
-                    f"set model.init_args.{name}: {data_value} or leave it out"
-                )
         self.model = LRAClassifier(
             hp.vocab_size, hp.max_length, hp.num_classes, bool(hp.two_tower), dim=hp.dim, mlp_dim=hp.mlp_dim,
             depth=hp.depth, num_heads=hp.num_heads, head_dim=hp.head_dim, dropout=hp.dropout,
-            attn_dropout=hp.attn_dropout, attention=hp.attention,
+            attn_dropout=hp.attn_dropout,
         )
-        metrics = MetricCollection({"top1": MulticlassAccuracy(hp.num_classes, average="micro")})
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
+        self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(hp.num_classes, average="micro")}))
 
     def forward(self, input_ids: Tensor, mask: Tensor) -> Tensor:
         return self.model(input_ids, mask)
@@ -120,35 +89,12 @@ class LRAModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
+    def evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
+        logits_evaluation(self, self(batch["input_ids"], batch["mask"]), batch["label"], stage)
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Class probabilities."""
         return self(batch["input_ids"], batch["mask"]).softmax(dim=-1)
-
-    def _evaluate(self, batch: dict[str, Tensor], metrics: MetricCollection, stage: str) -> None:
-        log_evaluation(self, self(batch["input_ids"], batch["mask"]), batch["label"], metrics, stage)
-
-    def on_fit_end(self) -> None:
-        """Score the test split with the best checkpoint by validation accuracy (the last weights without one)."""
-        trainer = self.trainer
-        if not self.hparams.test_after_fit or trainer.datamodule is None:
-            return
-        callback = trainer.checkpoint_callback
-        ckpt_path = "best" if callback is not None and callback.best_model_path else None
-        if ckpt_path is None:
-            rank_zero_warn("no best checkpoint was saved: testing the weights at the end of training")
-        trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return configure_recipe(self, self.model, self.optim)
-
-    def lr_scheduler_step(self, scheduler, metric) -> None:
-        step_scheduler(self, scheduler)
 
 
 __all__ = ["LRA_OPTIM", "LRAModule"]

@@ -32,6 +32,19 @@ def reference_attention(q, k, v, name, keep=None, bias=None):
     return (FORMULAS[name](s, n) * keep) @ v
 
 
+def bottom_right(nq: int, nk: int) -> torch.Tensor:
+    """The causal mask, bool (Nq, Nk): key j allowed for query i iff j <= i + Nk - Nq (bottom-right aligned)."""
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    return j - i <= nk - nq
+
+
+def causal_reference(q, k, v, name, keep=None, bias=None):
+    """``reference_attention`` under the dense causal mask (and ``keep``, if given)."""
+    mask = bottom_right(q.shape[-2], k.shape[-2])
+    return reference_attention(q, k, v, name, keep=mask if keep is None else keep & mask, bias=bias)
+
+
 def make_qkv(B=2, H=3, Nq=9, Nk=11, d=4, dv=5, dtype=torch.float64, seed=0):
     """Random ``q, k, v`` that require grad."""
     g = torch.Generator().manual_seed(seed)

@@ -9,7 +9,9 @@ import os
 
 import pytest
 import torch
-from attention_reference import ELEMENTWISE, FORMULAS, make_qkv, philox_keep, reference_attention
+from attention_reference import (
+    ELEMENTWISE, FORMULAS, bottom_right, causal_reference, make_qkv, philox_keep, reference_attention,
+)
 
 from polyattn_lightning.attention import attention, get_activation
 from polyattn_lightning.attention.functional import _pick_kernel
@@ -175,3 +177,30 @@ def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):  # asked for by name, it is not silently replaced
         attention(q, k, v, "relu", kernel="triton")
 
+
+
+@pytest.mark.parametrize("shape", [(100, 130), (130, 40), (3, 150)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_causal_with_padding_and_bias_matches_reference(shape):
+    """Causal tile-loop bounds across several 64-row / 32- and 64-key blocks; Nq > Nk leaves rows with no key
+    (zeros); the bias gradient is zero above the diagonal although those tiles are never visited."""
+    nq, nk = shape
+    q, k, v = make_qkv(B=1, H=2, Nq=nq, Nk=nk, d=8, dv=12, dtype=torch.float32)
+    bias = (0.1 * torch.randn(1, 2, nq, nk, generator=torch.Generator().manual_seed(3))).requires_grad_()
+    padding = torch.zeros(1, nk, dtype=torch.bool)
+    padding[0, nk // 2 : nk // 2 + 5] = True
+    out = attention(q, k, v, "poly3", is_causal=True, key_padding_mask=padding, attn_bias=bias, kernel="triton")
+    expected = causal_reference(q, k, v, "poly3", keep=~padding[:, None, None, :], bias=bias)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    got, want = _grads(out, (q, k, v, bias)), _grads(expected, (q, k, v, bias))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got[3][..., ~bottom_right(nq, nk)], torch.zeros_like(got[3][..., ~bottom_right(nq, nk)]))
+    assert _pick_kernel(q, get_activation("poly3"), None, None, 0.0, None, nk - nq) == "triton"  # probed causal
+
+
+def test_causal_half_precision():
+    q, k, v = make_qkv(B=2, H=1, Nq=40, Nk=72, d=16, dv=16, dtype=torch.float16)
+    out = attention(q, k, v, "poly3", is_causal=True, kernel="triton")
+    expected = causal_reference(*(x.detach().double() for x in (q, k, v)), "poly3")
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+    assert all(g.dtype == torch.float16 and g.isfinite().all() for g in _grads(out, (q, k, v)))

@@ -102,9 +102,7 @@ def test_resuming_a_fine_tuned_run_does_not_need_the_pretrained_file(tmp_path, m
     monkeypatch.chdir(tmp_path)
     weights = tmp_path / "pretrained.pth"
     model_args = yaml.safe_load(QUICKSTART.read_text())["model"]["init_args"]
-    model = create_timm_model(
-        model_args["model_name"], model_args["num_classes"], model_args["img_size"], **model_args["model_kwargs"]
-    )
+    model = create_timm_model(model_args["model_name"], 10, 16, **model_args["model_kwargs"])  # digits' classes, size
     torch.save(model.state_dict(), weights)
     args = ("--config", str(QUICKSTART), "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
     fit(*args, "--trainer.max_epochs", "1", "--model.init_args.pretrained", str(weights))
@@ -132,9 +130,9 @@ def test_predict_saves_probabilities_for_every_sample_in_data_set_order(tmp_path
 
 def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["--trainer.accumulate_grad_batches", "2", "--model.recipe.optim.reference_batch", "512"]
+    args = ["--trainer.accumulate_grad_batches", "2", "--model.optim.reference_batch", "512"]
     trained = fit("--config", str(QUICKSTART), "--trainer.fast_dev_run", "1", *args)
-    lr, batch = trained.model.recipe.optim.lr, trained.datamodule.batch_size
+    lr, batch = trained.model.optim.lr, trained.datamodule.batch_size
     assert trained.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(lr * batch * 2 / 512)
 
 
@@ -142,27 +140,29 @@ def test_tiny_imagenet_experiment_fits_on_its_layout(tmp_path, monkeypatch, tiny
     """The real experiment config (12-layer ViT-Tiny, Mixup/CutMix, RandAugment) on a 3-class layout."""
     monkeypatch.chdir(tmp_path)
     trained = fit(
-        "--config", str(TINY_IMAGENET), "--trainer.fast_dev_run", "1", "--model.num_classes", "3",
+        "--config", str(TINY_IMAGENET), "--trainer.fast_dev_run", "1",
         "--data.root", str(tiny_imagenet), "--data.batch_size", "2", "--data.num_workers", "0",
         "--data.pin_memory", "false",
     )  # fmt: skip
     assert trained.trainer.callback_metrics["train/loss"].isfinite()
+    assert trained.model.hparams.num_classes == 3  # the layout's, the config states none
 
 
 def test_imagenet_experiment_fits_on_an_image_folder(tmp_path, monkeypatch, image_folder):
     """DeiT-S with the DeiT recipe and EMA, shrunk to 32 px, on ImageNet-style class folders."""
     monkeypatch.chdir(tmp_path)
     trained = fit(
-        "--config", str(DEIT_SMALL), "--trainer.fast_dev_run", "1", "--model.num_classes", "3",
-        "--model.img_size", "32", "--data.img_size", "32", "--data.root", str(image_folder),
+        "--config", str(DEIT_SMALL), "--trainer.fast_dev_run", "1", "--data.img_size", "32",
+        "--data.root", str(image_folder),
         "--data.batch_size", "2", "--data.num_workers", "0", "--data.pin_memory", "false",
     )  # fmt: skip
     assert {"train/loss", "val/top1", "val/top5"} <= set(trained.trainer.callback_metrics)
+    assert (trained.model.hparams.num_classes, trained.model.hparams.img_size) == (3, 32)  # both the data's
 
 
 def test_num_classes_that_disagree_with_the_data_stop_before_training(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"num_classes is 7 but DigitsDataModule has 10 classes"):
+    with pytest.raises(ValueError, match=r"num_classes is 7 but DigitsDataModule has num_classes=10"):
         fit("--config", str(QUICKSTART), "--trainer.fast_dev_run", "1", "--model.num_classes", "7")
 
 

@@ -6,7 +6,6 @@ trainer plumbing at a few hundred milliseconds a step.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import yaml
 
 from polyattn_lightning.data.coco import COCODataModule
 from polyattn_lightning.data.synthetic_coco import SyntheticCOCO, write_synthetic_coco
-from polyattn_lightning.tasks.detection import DetectionModule
+from polyattn_lightning.tasks.detection import DetectionModule, load_detector_config
 from polyattn_lightning.tasks.optim import OptimRecipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "detection"
@@ -28,8 +27,8 @@ def write_tiny_coco(root: Path, config: SyntheticCOCO = TINY_SET) -> Path:
 
 
 def tiny_detector_config() -> dict[str, Any]:
-    """The quickstart's detector with a smaller backbone."""
-    detector = copy.deepcopy(yaml.safe_load(QUICKSTART.read_text())["model"]["init_args"]["detector"])
+    """The quickstart's detector (its file, merged over its ``_base_``) with a smaller backbone."""
+    detector = load_detector_config(QUICKSTART.parent / yaml.safe_load(QUICKSTART.read_text())["model"]["init_args"]["detector"])
     detector["backbone"].update(TINY_BACKBONE)
     detector["neck"]["in_channels"] = [TINY_BACKBONE["embed_dim"]] * 4
     return detector

@@ -15,6 +15,8 @@ from mmdet.registry import MODELS
 from polyattn_lightning import cli
 from polyattn_lightning.data import coco
 from polyattn_lightning.attention import get_activation
+from polyattn_lightning.data.synthetic_coco import SyntheticCOCO
+from polyattn_lightning.tasks.detection import load_detector_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -42,8 +44,8 @@ def test_experiment_config_parses(capsys, path: Path):
     config = resolved_config(capsys, path)
     model = config["model"]["init_args"]
     detector = model["detector"]
-    if isinstance(detector, str):  # a YAML piece, relative to the experiment file
-        detector = yaml.safe_load((path.parent / detector).read_text())
+    if isinstance(detector, str):  # a YAML piece, relative to the experiment file, over its _base_
+        detector = load_detector_config(path.parent / detector)
     assert MODELS.get(detector["type"]) is not None and MODELS.get(detector["backbone"]["type"]) is not None
     get_activation(model["attention"])
     assert config["data"]["class_path"].endswith(".COCODataModule")
@@ -99,10 +101,17 @@ def test_quickstart_on_a_given_root_that_does_not_exist_fails_without_generating
     assert not (tmp_path / "cache").exists()
 
 
-def test_quickstart_trains_on_a_given_coco_folder(tmp_path, monkeypatch):
+def test_quickstart_trains_on_a_given_two_category_coco_folder(tmp_path, monkeypatch):
+    """The unchanged quickstart config on a COCO folder of 2 categories: the heads take the data's count."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(coco, "default_root", lambda: tmp_path / "cache" / "synthetic_coco")
-    root = write_tiny_coco(tmp_path / "shapes")
+    two = SyntheticCOCO(**{**TINY_SET.__dict__, "classes": ("ellipse", "triangle")})
+    root = write_tiny_coco(tmp_path / "shapes", two)
     fit = cli.make_cli(["fit", "--config", str(QUICKSTART), "--data.init_args.root", str(root), *TINY_RUN])
-    assert fit.datamodule.class_names == list(TINY_SET.classes)
+    assert fit.datamodule.classes == ["ellipse", "triangle"]
+    head = fit.model.detector.roi_head
+    assert fit.model.hparams.num_classes == head.bbox_head.num_classes == head.mask_head.num_classes == 2
+    assert head.bbox_head.fc_cls.out_features == 3  # 2 classes + background
+    assert torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
+                      weights_only=True)["hyper_parameters"]["num_classes"] == 2  # the count used, saved
     assert not (tmp_path / "cache").exists()

@@ -113,7 +113,7 @@ def test_batches_are_mmdet_samples_and_classes_come_from_the_file_in_its_order(c
     edit_annotations(root, "val2017", reorder)
     data = tiny_data(root)
     data.setup("fit")
-    assert data.class_names == ["triangle", "ellipse", "rectangle"]
+    assert data.classes == ["triangle", "ellipse", "rectangle"]
     assert data.category_ids == [3, 2, 1]
     assert data.num_classes == 3
     batch = next(iter(data.train_dataloader()))

@@ -135,7 +135,7 @@ def test_predict_writes_coco_results_in_original_image_coordinates(coco_root, tm
 
 def test_a_class_count_that_disagrees_with_the_data_stops_the_run(coco_root):
     model = tiny_detector(num_classes=5)
-    with pytest.raises(ValueError, match=r"num_classes=5 but the data has 3 classes"):
+    with pytest.raises(ValueError, match=r"num_classes is 5 but COCODataModule has num_classes=3"):
         cpu_trainer(max_steps=1).fit(model, tiny_data(coco_root))
 
 
@@ -197,7 +197,7 @@ def test_step_schedule_and_no_decay_groups_equal_mmengines(monkeypatch):
 
     from polyattn_lightning.tasks.optim import OptimRecipe, build_optimizer, build_scheduler
 
-    detector = tiny_detector().detector
+    detector = tiny_detector(num_classes=3).detector  # built without data: the count given
     keys = ["absolute_pos_embed", "relative_position_bias_table", "norm"]
     recipe = OptimRecipe(lr=1e-4, reference_batch=None, weight_decay=0.05, warmup_steps=5, warmup_lr=1e-7,
                          schedule="step", decay_epochs=[2, 3], decay_rate=0.1, no_decay_keys=keys)

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import polyattn_lightning.detection  # noqa: F401  (mmcv ops, XCiTBackbone registered)
 from mmcv.transforms import Compose
@@ -20,12 +19,14 @@ from mmdet.structures.mask import BitmapMasks
 from mmengine.config import ConfigDict
 from mmengine.dataset import pseudo_collate
 
+from polyattn_lightning.tasks.detection import load_detector_config
+
 CONFIG = Path(__file__).parents[2] / "configs" / "detection" / "model" / "mask_rcnn_xcit_s12_p16_fpn.yaml"
 NUM_CLASSES = 3
 
 
 def _config() -> dict:
-    return yaml.safe_load(CONFIG.read_text())
+    return load_detector_config(CONFIG)
 
 
 def small_detector(attention) -> torch.nn.Module:
@@ -69,7 +70,7 @@ def batch() -> dict:
     ("mask_rcnn_xcit_m24_p16_fpn.yaml", 24, (7, 11, 15, 23), 512),
 ])
 def test_configs_put_an_fpn_on_the_four_xcit_maps(name, depth, blocks, width):
-    cfg = yaml.safe_load((CONFIG.parent / name).read_text())
+    cfg = load_detector_config(CONFIG.parent / name)  # merged over its _base_
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
         backbone = MODELS.build(ConfigDict(cfg["backbone"]))
     assert len(backbone.xcit.blocks) == depth and backbone.xcit.blocks[0].attn.num_heads == 8

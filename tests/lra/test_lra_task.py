@@ -87,7 +87,7 @@ def test_fit_without_test_after_fit_or_checkpoint(tmp_path, listops):
 
 
 def test_sizes_given_and_disagreeing_with_the_data_are_named(tmp_path, listops):
-    with pytest.raises(ConfigError, match="model num_classes=5 but ListOpsDataModule has num_classes=10"):
+    with pytest.raises(ConfigError, match="model.init_args.num_classes is 5 but ListOpsDataModule has num_classes=10"):
         trainer(tmp_path, 1).fit(LRAModule(num_classes=5), datamodule=listops)
     with pytest.raises(ConfigError, match="LRAModule needs vocab_size"):
         LRAModule().configure_model()

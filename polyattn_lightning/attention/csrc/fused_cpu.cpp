@@ -19,6 +19,12 @@
 // padding mask, see fused_cpu.py); their tiles are never computed: the key loops
 // stop there, dK and dV rows beyond it stay zero. Queries are all computed.
 //
+// Causal: `causal` (optional int64) is the diagonal offset Nk - Nq; query i
+// attends keys j <= i + causal only. Tiles wholly above the diagonal are never
+// computed (the forward's key loop of a query block stops at its last row's
+// reach, the backward's query loop of a key block starts at its first key's
+// first reader); tiles the diagonal crosses are masked from their coordinates.
+//
 // Dropout: see `Dropout` below; keep decisions are a pure function of
 // (seed, offset, flattened head, query, key), so the backward regenerates the
 // forward's mask tile by tile and nothing of size N x N is ever stored.
@@ -371,9 +377,17 @@ struct Problem {
   Strided4<bool> allowed;
   const int64_t* key_lengths;  // (B,) or nullptr: keys of batch entry b end there
   Dropout dropout;
+  bool causal = false;
+  int64_t causal_offset = 0;  // query i attends keys j <= i + causal_offset
 
   // Keys that can contribute to flattened head h: the first keys(h).
   int64_t keys(int64_t h) const { return key_lengths ? key_lengths[h / heads] : nk; }
+  // Keys that queries [i0, i0 + rows) of head h can attend: the first keys_for(h, i0, rows) (may be <= 0).
+  int64_t keys_for(int64_t h, int64_t i0, int64_t rows) const {
+    return causal ? std::min(keys(h), i0 + rows + causal_offset) : keys(h);
+  }
+  // The first query that attends key j0 (0 when not causal).
+  int64_t first_query(int64_t j0) const { return causal ? std::max<int64_t>(0, j0 - causal_offset) : 0; }
 
   // S + b(n) + bias on a (rows x cols) tile at (i0, j0) of head `h`.
   void add_score_terms(T* tile, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
@@ -390,8 +404,14 @@ struct Problem {
     }
   }
 
-  // Zero the disallowed entries of each tile in `tiles`.
+  // Zero the disallowed entries of each tile in `tiles`: the boolean mask, and the causal one.
   void mask(std::initializer_list<T*> tiles, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols) const {
+    if (causal && j0 + cols - 1 > i0 + causal_offset) {  // the diagonal crosses this tile
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t from = std::max<int64_t>(0, std::min(cols, i0 + i + causal_offset + 1 - j0));
+        for (T* t : tiles) std::fill(t + i * cols + from, t + (i + 1) * cols, T(0));
+      }
+    }
     if (!allowed) return;
     for (int64_t i = 0; i < rows; ++i) {
       const bool* row = allowed.data + allowed.offset(h, heads, i0 + i, j0);
@@ -417,7 +437,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         int64_t power, const std::optional<at::Tensor>& row_shift,
                         const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& allowed,
                         const std::optional<at::Tensor>& key_lengths, double dropout_p, int64_t seed,
-                        int64_t offset) {
+                        int64_t offset, std::optional<int64_t> causal) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "fused_cpu: q, k, v must be (B*H, N, d)");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "fused_cpu: operands must be contiguous");
   TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "fused_cpu: unknown activation form ", form);
@@ -426,6 +446,10 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   Problem<T> pb{q.size(0), heads, q.size(1), k.size(1), q.size(2), v.size(2), static_cast<Form>(form), power,
                 nullptr, Strided4<T>(bias, dtype, "bias"), Strided4<bool>(allowed, at::kBool, "allowed"),
                 nullptr, Dropout(dropout_p, seed, offset)};
+  if (causal) {
+    pb.causal = true;
+    pb.causal_offset = *causal;
+  }
   if (row_shift && row_shift->defined()) {
     TORCH_CHECK(row_shift->is_contiguous() && row_shift->numel() == pb.bh * pb.nq,
                 "fused_cpu: row_shift must be (B*H, Nq)");
@@ -448,7 +472,10 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
 // Items are (head, query block) pairs; at::parallel_for gives each thread a contiguous
 // range. Head major, a thread's consecutive items reuse one head's K and V from cache;
 // under key lengths the order is query block major, so that heads of different
-// lengths (different work) are spread evenly over the threads.
+// lengths (different work) are spread evenly over the threads. Causal, the query
+// blocks run in the order first, last, second, second to last...: work grows with
+// the block, so each pair of neighbours (and so each thread's range) holds about
+// the same work.
 template <typename T>
 void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, const T* row_scale, T* out,
                   int64_t block_q, int64_t block_k) {
@@ -460,8 +487,10 @@ void forward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, cons
     auto* bits = reinterpret_cast<uint32_t*>(tile + tile_size);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = pb.key_lengths ? item % pb.bh : item / q_blocks;
-      const int64_t i0 = (pb.key_lengths ? item / pb.bh : item % q_blocks) * block_q;
-      const int64_t rows = std::min(block_q, pb.nq - i0), nk = pb.keys(h);
+      int64_t qb = pb.key_lengths ? item / pb.bh : item % q_blocks;
+      if (pb.causal) qb = qb % 2 == 0 ? qb / 2 : q_blocks - 1 - qb / 2;
+      const int64_t i0 = qb * block_q;
+      const int64_t rows = std::min(block_q, pb.nq - i0), nk = pb.keys_for(h, i0, rows);
       const T* qi = q + (h * pb.nq + i0) * pb.d;
       T* oi = out + (h * pb.nq + i0) * pb.dv;
       for (int64_t j0 = 0; j0 < nk; j0 += block_k) {
@@ -503,13 +532,17 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
     int64_t h, first, last;  // key blocks [first, last) of head h
   };
   std::vector<Item> items;
-  std::vector<int64_t> work_before{0};  // keys in the items before item i
+  std::vector<int64_t> work_before{0};  // tile area (keys x queries reached) of the items before item i
   for (int64_t h = 0; h < pb.bh; ++h) {
     const int64_t blocks = divup(pb.keys(h), block_k);
     for (int64_t kb = 0; kb < blocks; kb += split_keys ? 1 : blocks) {
       const int64_t last = split_keys ? kb + 1 : blocks;
       items.push_back({h, kb, last});
-      work_before.push_back(work_before.back() + std::min(last * block_k, pb.keys(h)) - kb * block_k);
+      int64_t work = 0;
+      for (int64_t b = kb; b < last; ++b) {
+        work += (std::min((b + 1) * block_k, pb.keys(h)) - b * block_k) * (pb.nq - pb.first_query(b * block_k));
+      }
+      work_before.push_back(work_before.back() + work);
     }
   }
   const int64_t n_items = static_cast<int64_t>(items.size());
@@ -560,11 +593,13 @@ void backward_impl(const Problem<T>& pb, const T* q, const T* k, const T* v, con
           const T* vj = v + (h * pb.nk + j0) * pb.dv;
           T* dkj = dk + (h * pb.nk + j0) * pb.d;
           T* dvj = dv + (h * pb.nk + j0) * pb.dv;
-          for (int64_t i0 = 0; i0 < pb.nq; i0 += block_q) {
+          // causal: the query blocks before the first one that reads key j0 are skipped
+          const int64_t i_first = pb.first_query(j0) / block_q * block_q;
+          for (int64_t i0 = i_first; i0 < pb.nq; i0 += block_q) {
             const int64_t rows = std::min(block_q, pb.nq - i0);
             const T* qi = q + (h * pb.nq + i0) * pb.d;
             const T* doi = dout + (h * pb.nq + i0) * pb.dv;
-            const T beta = i0 == 0 ? T(0) : T(1);  // dK, dV rows start at zero
+            const T beta = i0 == i_first ? T(0) : T(1);  // dK, dV rows start at zero
             gemm<T>(false, true, rows, cols, pb.d, T(1), qi, pb.d, kj, pb.d, T(0), s, cols);
             pb.add_score_terms(s, h, i0, j0, rows, cols);
             apply_f_and_grad(s, f, rows * cols, pb.form, pb.power);
@@ -632,11 +667,11 @@ at::Tensor fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& allowed, const std::optional<at::Tensor>& key_lengths,
                          int64_t heads, int64_t form, int64_t power, double dropout_p, int64_t seed, int64_t offset,
-                         int64_t block_q, int64_t block_k) {
+                         int64_t block_q, int64_t block_k, std::optional<int64_t> causal) {
   auto out = at::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_forward", [&] {
     const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed, key_lengths,
-                                           dropout_p, seed, offset);
+                                           dropout_p, seed, offset, causal);
     TORCH_CHECK(row_scale.is_contiguous() && row_scale.numel() == pb.bh * pb.nq,
                 "fused_cpu: row_scale must be (B*H, Nq)");
     forward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -651,14 +686,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
     const std::optional<at::Tensor>& row_shift, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& allowed, const std::optional<at::Tensor>& key_lengths, bool bias_grad,
     int64_t heads, int64_t form, int64_t power, double dropout_p, int64_t seed, int64_t offset, int64_t block_q,
-    int64_t block_k) {
+    int64_t block_k, std::optional<int64_t> causal) {
   TORCH_CHECK(dout.is_contiguous() && dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
               "fused_cpu: grad_out must be contiguous (B*H, Nq, dv)");
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   at::Tensor dbias;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_backward", [&] {
     const auto pb = make_problem<scalar_t>(q, k, v, heads, form, power, row_shift, bias, allowed, key_lengths,
-                                           dropout_p, seed, offset);
+                                           dropout_p, seed, offset, causal);
     TORCH_CHECK(!bias_grad || pb.bias, "fused_cpu: bias_grad without a bias");
     dbias = at::zeros({bias_grad ? pb.bias.span : 0}, q.options());
     backward_impl<scalar_t>(pb, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -674,10 +709,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
 TORCH_LIBRARY(polyattn_cpu, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor row_scale, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
         "Tensor? key_lengths, int heads, int form, int power, float dropout_p, int seed, int offset, int block_q, "
-        "int block_k) -> Tensor");
+        "int block_k, int? causal) -> Tensor");
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor? row_shift, Tensor? bias, Tensor? allowed, "
         "Tensor? key_lengths, bool bias_grad, int heads, int form, int power, float dropout_p, int seed, int offset, "
-        "int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int block_q, int block_k, int? causal) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("dropout_keep_mask(int batch_heads, int nq, int nk, float dropout_p, int seed, int offset) -> Tensor",
         &dropout_keep_mask);
 }

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset, Subset
 
 from ...errors import ConfigError, DataError, MissingPathError
-from ..base import ImageDataModule
+from ..base import DataModule
 
 PAD_ID = 0
 #: batches are padded to a multiple of this many tokens
@@ -171,7 +171,7 @@ def parse_label(text: str, num_classes: int, where: str) -> int:
     return int(value)
 
 
-class LRADataModule(ImageDataModule):
+class LRADataModule(DataModule):
     """Base of the LRA DataModules: ``--data.root``, sequence length, seeded splits, padded batches.
 
     Subclasses set ``vocab_size``, ``num_classes``, ``two_tower`` and ``layout``

@@ -1,0 +1,237 @@
+"""The contract every task (LightningModule) of this project follows, in one place.
+
+A task family writes its model, its data and its ``training_step``; this base does the rest the same way for all
+(in the spirit of torchgeo's ``BaseTask``):
+
+* **Values the data determines** (:attr:`TaskModule.data_args`: class count, vocabulary, length, image size): a
+  hyperparameter left ``None`` takes the DataModule's value of the same name once its ``setup()`` has run, and is
+  saved with the hyperparameters, so a checkpoint rebuilds the same model without the data; a given value that
+  differs from the data's is a :class:`~polyattn_lightning.errors.ConfigError` naming both.
+* **The model is built in** ``configure_model()`` by :meth:`TaskModule.build`, right away in ``__init__`` when every
+  required data value is given (a checkpoint's hyperparameters always give them). Attention is switched to the
+  registry activation in exactly one place, right after building, on the module :meth:`TaskModule.attention_target`
+  names.
+* **Optimizer and schedule** from the ``optim`` hyperparameter (:class:`~polyattn_lightning.tasks.optim.OptimRecipe`)
+  for the parameters of :meth:`TaskModule.optimized_module`.
+* **Evaluation**: ``validation_step`` / ``test_step`` call :meth:`TaskModule.evaluate` with the stage; metrics made
+  once by :meth:`TaskModule.set_metrics` are cloned per stage (``val/``, ``test/`` prefixes).
+* **The best checkpoint** is kept by :attr:`TaskModule.monitor` / :attr:`TaskModule.mode` (the CLI's default for its
+  best-checkpoint callback) and, with ``test_after_fit``, tested at the end of ``fit`` through its explicit path.
+* Hooks with defaults that callbacks and commands call: :meth:`TaskModule.attention_probe` (the diagnostics' probe
+  batch), :meth:`TaskModule.save_predictions` (``lightning predict``'s files), :meth:`TaskModule.check_data` (the data
+  against the model) and :meth:`TaskModule.check_init_args` (a config checked before any model is built).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from ..attention import ActivationSpec, get_activation
+from ..attention.timm_patch import set_attention
+from ..callbacks.attention_norms import default_probe
+from ..errors import ConfigError, UserInputError
+from .optim import OptimRecipe, configure_recipe, step_scheduler
+
+
+T = TypeVar("T")
+
+
+def as_dataclass(value: T | Mapping[str, Any], cls: type[T]) -> T:
+    """``value`` as a ``cls`` dataclass: the CLI saves hyperparameters as plain mappings, which rebuild it."""
+    return cls(**value) if isinstance(value, Mapping) else value
+
+
+class TaskModule(pl.LightningModule):
+    """Base of every task: see the module docstring for what it does and which hooks a task overrides.
+
+    A subclass's ``__init__`` calls ``super().__init__()`` and ``self.save_hyperparameters()`` (its hyperparameters
+    include ``attention``, ``optim`` and every name in :attr:`data_args`), then :meth:`build_if_known`; it implements
+    :meth:`build`, ``forward``, ``training_step`` and :meth:`evaluate`.
+    """
+
+    #: the validation metric the best checkpoint is chosen by, and whether larger (``max``) or smaller is better
+    monitor: ClassVar[str] = "val/top1"
+    mode: ClassVar[str] = "max"
+    #: hyperparameters the DataModule determines (read from its attributes of the same names): None takes the
+    #: data's value; the model cannot be built without these
+    data_args: ClassVar[tuple[str, ...]] = ()
+    #: like :attr:`data_args`, but the model has a default when neither the config nor the data gives one
+    optional_data_args: ClassVar[tuple[str, ...]] = ()
+
+    #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``, so that
+    #: errors name it rather than the config those values no longer come from
+    hparams_checkpoint: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built = False
+
+    # ---- building ----------------------------------------------------------------------------------
+
+    def build_if_known(self) -> None:
+        """Build now when no required value is left to the data (a checkpoint's hyperparameters give them all)."""
+        if all(self.hparams.get(name) is not None for name in self.data_args):
+            self.configure_model()
+
+    def configure_model(self) -> None:
+        """Fill the values left to the data, :meth:`build` the model, switch its attention; once."""
+        if self.built:
+            return
+        self.check_data(self._trainer.datamodule if self._trainer is not None else None)
+        missing = [name for name in self.data_args if self.hparams.get(name) is None]
+        if missing:
+            raise ConfigError(
+                f"{type(self).__name__} needs {', '.join(missing)}: give model.init_args.{missing[0]} or use a "
+                "DataModule that has it"
+            )
+        self.build()
+        target = self.attention_target()
+        if target is not None:
+            set_attention(target, self.attention_spec())  # softmax too, so every model takes the registry path
+        self.built = True
+
+    def build(self) -> None:
+        """Make the model, heads, losses and metrics from the (complete) hyperparameters."""
+        raise NotImplementedError
+
+    def attention_target(self) -> nn.Module | None:
+        """The module whose attention layers run the registry activation (None: nothing to switch)."""
+        return self.model
+
+    def attention_spec(self) -> ActivationSpec:
+        """The activation :meth:`attention_target` is switched to."""
+        return self.hparams.attention
+
+    def optimized_module(self) -> nn.Module:
+        """The module whose parameters are trained; timm models give their no-weight-decay and layer lists."""
+        return self.model
+
+    def set_metrics(self, metrics: MetricCollection) -> None:
+        """One copy of ``metrics`` per evaluation stage: ``val_metrics`` (``val/...``) and ``test_metrics``."""
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+
+    # ---- the data against the model ----------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        self.check_data(self.trainer.datamodule)
+
+    def check_data(self, datamodule: pl.LightningDataModule | None) -> None:
+        """Take the values of :attr:`data_args` and :attr:`optional_data_args` left None from ``datamodule`` (set
+        up) into the hyperparameters; a value given that differs from the data's is an error naming both.
+
+        Override to check more (and call this one)."""
+        if datamodule is None:
+            return
+        data_name = type(datamodule).__name__
+        for name in (*self.data_args, *self.optional_data_args):
+            data_value = getattr(datamodule, name, None)
+            value = self.hparams.get(name)
+            if data_value is None or value == data_value:
+                continue
+            if value is None and not self.built:
+                self.hparams[name] = data_value  # saved with the checkpoint's hyperparameters
+            elif value is not None:
+                raise ConfigError(self.mismatch_message(name, value, data_name, data_value))
+
+    def mismatch_message(self, name: str, value: Any, data_name: str, data_value: Any) -> str:
+        """Why a value given for ``name`` cannot be used with this data, and what to do."""
+        if self.hparams_checkpoint:
+            return (f"checkpoint {self.hparams_checkpoint} has {name}={value} (its saved hyperparameters replace the "
+                    f"config's model.init_args.{name}) but {data_name} has {name}={data_value}; use it on data like "
+                    "the data it was trained on, or fine-tune from it with --model.pretrained instead of --ckpt_path")
+        return (f"model.init_args.{name} is {value} but {data_name} has {name}={data_value}; leave "
+                f"model.init_args.{name} out (the data's value is used) or set it to {data_value}")
+
+    @classmethod
+    def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
+        """Called by the CLI before any model is built: fail on a bad value that needs no model to tell
+        (by default the attention spec). Errors name the key."""
+        if init_args.get("attention") is not None:
+            try:
+                get_activation(init_args["attention"])
+            except UserInputError as err:
+                raise type(err)(f"model.init_args.attention: {err}") from err
+
+    # ---- steps -------------------------------------------------------------------------------------
+
+    def evaluate(self, batch: Any, stage: str) -> None:
+        """Score one validation (``stage="val"``) or test (``"test"``) batch and log it under ``<stage>/``."""
+        raise NotImplementedError
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.evaluate(batch, "test")
+
+    def stage_metrics(self, stage: str) -> MetricCollection:
+        """The metrics of ``stage`` (``val`` or ``test``) that :meth:`set_metrics` made."""
+        return self.val_metrics if stage == "val" else self.test_metrics
+
+    # ---- optimization ------------------------------------------------------------------------------
+
+    @property
+    def optim(self) -> OptimRecipe:
+        """The ``optim`` hyperparameter: the optimizer and schedule."""
+        return as_dataclass(self.hparams.optim, OptimRecipe)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        return configure_recipe(self, self.optimized_module(), self.optim)
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        step_scheduler(self, scheduler)
+
+    # ---- hooks of the callbacks and commands -------------------------------------------------------
+
+    def attention_probe(self, batch: Any, size: int) -> Any:
+        """The diagnostics' fixed probe (:mod:`~polyattn_lightning.callbacks.attention_norms`): the argument of
+        ``forward`` for the first ``size`` samples of ``batch`` (a tuple is passed as positional arguments)."""
+        return default_probe(self, batch, size)
+
+    def save_predictions(self, predictions: list, out_dir: Path) -> bool:
+        """Write this rank's ``predict_step`` outputs (flattened) to ``out_dir`` in the task's own format; return
+        False (the default) to let :class:`~polyattn_lightning.callbacks.PredictionWriter` save tensors itself."""
+        return False
+
+    def on_fit_end(self) -> None:
+        """With the ``test_after_fit`` hyperparameter, test the best checkpoint (by :attr:`monitor`)."""
+        trainer = self.trainer
+        if self.hparams.get("test_after_fit") and trainer.datamodule is not None:
+            self.test_best_checkpoint()
+
+    def test_best_checkpoint(self) -> None:
+        """``trainer.test`` with the best checkpoint's explicit path (the checkpoint callback monitoring
+        :attr:`monitor`, else the first that monitors something), logged; the last weights when none was saved."""
+        trainer = self.trainer
+        keeping = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor]
+        keeping.sort(key=lambda cb: cb.monitor != self.monitor)
+        best = next((cb for cb in keeping if cb.best_model_path), None)
+        if best is not None:
+            score = best.best_model_score
+            rank_zero_info(f"testing the best checkpoint by {best.monitor}: {best.best_model_path}"
+                           + (f" ({best.monitor} {float(score):.4f})" if score is not None else ""))
+            trainer.test(self, datamodule=trainer.datamodule, ckpt_path=best.best_model_path)
+        else:
+            # an explicit file, never None: under SLURM Lightning resolves None to the newest requeue ("hpc") checkpoint
+            ckpt_path = os.path.join(trainer.default_root_dir, "end_of_fit.ckpt")
+            rank_zero_warn(f"no best checkpoint was saved: testing the weights at the end of training ({ckpt_path})")
+            trainer.save_checkpoint(ckpt_path)
+            trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)
+
+
+def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage: str) -> None:
+    """Log ``<stage>/loss`` (cross entropy) and update and log the stage's accuracy metrics for one batch."""
+    module.log(f"{stage}/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True, batch_size=len(labels))
+    metrics = module.stage_metrics(stage)
+    metrics.update(logits, labels)
+    # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end
+    module.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
