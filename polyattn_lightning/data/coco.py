@@ -17,7 +17,10 @@ adds what mmdet leaves to its Runner or gets wrong for other data sets:
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -270,14 +273,16 @@ class COCODataModule(DataModule):
         CocoDataset, transforms, _ = _mmdet()
         ann_file, img_dir = self.split_paths(split)
         pipeline = self._train_pipeline() if train else self._test_pipeline()
-        dataset = _checked_dataset_class(CocoDataset)(
-            ann_file=str(ann_file),
-            data_prefix={"img": str(img_dir)},
-            metainfo={"classes": tuple(self.classes)},
-            filter_cfg={"filter_empty_gt": True, "min_size": self.min_size} if train else None,
-            pipeline=[transforms.build(step) for step in pipeline],
-            test_mode=not train,
-        )
+        with contextlib.redirect_stdout(io.StringIO()) as chatter:  # pycocotools' "loading annotations ..."
+            dataset = _checked_dataset_class(CocoDataset)(
+                ann_file=str(ann_file),
+                data_prefix={"img": str(img_dir)},
+                metainfo={"classes": tuple(self.classes)},
+                filter_cfg={"filter_empty_gt": True, "min_size": self.min_size} if train else None,
+                pipeline=[transforms.build(step) for step in pipeline],
+                test_mode=not train,
+            )
+        logging.getLogger(__name__).debug(chatter.getvalue())
         if len(dataset) == 0:
             raise COCODataError(f"{ann_file}: no image left for {'training' if train else 'evaluation'} "
                                 f"(training keeps images with annotations and a side of at least {self.min_size} px)")

@@ -71,7 +71,7 @@ def test_quickstart_generates_its_data_fits_and_predicts_coco_json(tmp_path, mon
     metrics = fit.trainer.callback_metrics
     assert {"train/loss", "train/loss_mask", "val/bbox_mAP", "val/bbox_mAP_50", "val/segm_mAP_75",
             "val/segm_mAP_l"} <= set(metrics)
-    run = tmp_path / "runs" / "quickstart" / "version_0"
+    run = tmp_path / "runs" / "detection" / "quickstart" / "version_0"
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 3
 

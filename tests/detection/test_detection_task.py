@@ -221,3 +221,21 @@ def test_step_schedule_and_no_decay_groups_equal_mmengines(monkeypatch):
         scheduler.step_update(num_updates=update + 1)
         for s in mm:
             s.step()
+
+
+def test_a_validation_prints_one_line_per_iou_type_and_keeps_the_coco_tables_in_the_run_folder(coco_root, tmp_path,
+                                                                                              capfd, caplog):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from polyattn_lightning.tasks.detection import COCO_REPORT
+
+    trainer = cpu_trainer(logger=CSVLogger(tmp_path, name="run"))
+    with caplog.at_level("INFO"):
+        trainer.validate(tiny_detector(), tiny_data(coco_root), verbose=False)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("val (step 0, 5 images) ")]
+    assert [line.split(":")[0] for line in lines] == ["val (step 0, 5 images) bbox", "val (step 0, 5 images) segm"]
+    assert all(f"{item} " in line for line in lines for item in METRIC_ITEMS)
+    console = "".join(capfd.readouterr())
+    assert "Average Precision" not in console and "loading annotations" not in console
+    tables = (Path(trainer.log_dir) / COCO_REPORT).read_text()
+    assert tables.count("Average Precision  (AP) @[ IoU=0.50      | area=   all") == 2  # bbox and segm

@@ -95,6 +95,6 @@ def test_norms_command_names_runs_without_norms(tmp_path, capsys):
     run.mkdir(parents=True)
     (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,2.3\n")
     err = user_error(capsys, ["norms", str(tmp_path / "runs"), "--out", str(tmp_path / "n.png")])
-    assert re.search(r"no attention norms logged under .*runs: train with the AttentionNorms", err)
+    assert re.search(r"no attention norms logged under .*runs: the standard norms callback logs them", err)
     err = user_error(capsys, ["norms", str(tmp_path / "missing"), "--out", str(tmp_path / "n.png")])
     assert re.search(r"run directory .*missing does not exist", err)

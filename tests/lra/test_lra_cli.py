@@ -101,7 +101,7 @@ def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, config):
     run = fit("--config", str(LRA / task / f"{config}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
               "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", *extra)
     assert run.trainer.global_step == 2
-    log_dir = tmp_path / "runs" / config / "version_0"
+    log_dir = tmp_path / "runs" / "lra" / config / "version_0"
     best = list((log_dir / "checkpoints").glob("best-*.ckpt"))
     assert len(best) == 1 and Path(run.trainer.ckpt_path).resolve() == best[0]  # tested with the best checkpoint
     assert len(scalars(log_dir, "test/top1")) == 1
@@ -139,7 +139,7 @@ def test_two_process_ddp_tests_every_sample_once(tmp_path):
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    log_dir = tmp_path / "runs" / "listops_poly3" / "version_0"
+    log_dir = tmp_path / "runs" / "lra" / "listops_poly3" / "version_0"
     (best,) = (log_dir / "checkpoints").glob("best-*.ckpt")
     module = LRAModule.load_from_checkpoint(best).eval()
     data = make("--config", str(LRA / "listops" / "listops_poly3.yaml"), "--data.root", str(root)).datamodule
