@@ -62,7 +62,7 @@ def test_quickstart_learns(tmp_path, monkeypatch):
     trained = fit("--config", str(QUICKSTART), "--trainer.max_epochs", "4")
     assert trained.trainer.global_step == 176
     assert trained.trainer.callback_metrics["val/top1"] > 0.5
-    assert (tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_a_run_in_an_earlier_runs_log_dir_keeps_its_config(tmp_path, monkeypatch):
@@ -70,7 +70,7 @@ def test_a_run_in_an_earlier_runs_log_dir_keeps_its_config(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     args = ("--config", str(QUICKSTART), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
             "--trainer.limit_val_batches", "1", "--trainer.logger.init_args.version", "slurm-7")
-    log_dir = tmp_path / "runs" / "quickstart" / "slurm-7"
+    log_dir = tmp_path / "runs" / "classification" / "quickstart" / "slurm-7"
     fit(*args)
     first = (log_dir / "config.yaml").read_text()
     (log_dir / "config.yaml").write_text(first + "# the user's note\n")
@@ -90,7 +90,7 @@ def test_resuming_a_fine_tuned_run_does_not_need_the_pretrained_file(tmp_path, m
     args = ("--config", str(QUICKSTART), "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
     fit(*args, "--trainer.max_epochs", "1", "--model.init_args.pretrained", str(weights))
     weights.unlink()
-    ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt = tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
     resumed = fit(*args, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt))
     assert resumed.trainer.global_step == 4
 
@@ -99,16 +99,16 @@ def test_predict_saves_probabilities_for_every_sample_in_data_set_order(tmp_path
     monkeypatch.chdir(tmp_path)
     args = ("--config", str(QUICKSTART), "--trainer.enable_progress_bar", "false")
     trained = fit(*args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
-    ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt = tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
     cli.make_cli(["predict", *args, "--ckpt_path", str(ckpt)])
-    saved = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "predict_last" / "predictions" / "rank0.pt",
+    saved = torch.load(tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "predict_last" / "predictions" / "rank0.pt",
                        weights_only=True)
     val_set = trained.datamodule.val_set
     assert saved["predictions"].shape == (len(val_set), 10)
     torch.testing.assert_close(saved["predictions"].sum(dim=1), torch.ones(len(val_set)))
     assert saved["indices"].tolist() == list(range(len(val_set)))
     assert saved["classes"] == [str(digit) for digit in range(10)]
-    assert not (tmp_path / "runs" / "quickstart" / "version_1").exists()
+    assert not (tmp_path / "runs" / "classification" / "quickstart" / "version_1").exists()
 
 
 def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):
