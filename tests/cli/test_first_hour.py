@@ -189,7 +189,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert sorted(path.name for path in (project / "runs" / "classification" / "folder").iterdir()) == ["version_0"]
 
     error = assert_short_error(results[3], f"checkpoint {ckpt} has num_classes=3", "saved hyperparameters",
-                               "ImageFolderDataModule has 5 classes")
+                               "ImageFolderDataModule has num_classes=5")
     assert "set model.init_args.num_classes" not in error
     assert results[4]["rc"] == 0, results[4]["output"]
     assert (project / "runs" / "classification" / "folder_relu" / "version_0" / "checkpoints" / "last.ckpt").is_file()

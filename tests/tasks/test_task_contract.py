@@ -66,7 +66,7 @@ def test_the_classification_quickstart_trains_a_three_class_image_folder(tmp_pat
     model = run.model
     assert (model.hparams.num_classes, model.hparams.img_size) == (3, 16)
     assert model.model.head.out_features == 3 and model.mixup is None
-    ckpt = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt = tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
     saved = load_checkpoint(ckpt)["hyper_parameters"]
     assert (saved["num_classes"], saved["img_size"]) == (3, 16)  # the values used, for rebuilding without data
     rebuilt = ClassificationModule.load_from_checkpoint(ckpt, weights_only=True)
