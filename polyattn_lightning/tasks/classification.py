@@ -62,8 +62,8 @@ def from_recipe(hparams: dict[str, Any]) -> None:
     recipe = asdict(recipe) if isinstance(recipe, Recipe) else dict(recipe)
     for item in fields(Recipe):
         default = item.default_factory() if item.default is MISSING else item.default
-        plain = (lambda value: json.loads(json.dumps(asdict(as_dataclass(value, type(default))))) if is_dataclass(default)
-                 else (lambda value: value))  # as plain values (lists, not tuples), which compare
+        plain = ((lambda value: json.loads(json.dumps(asdict(as_dataclass(value, type(default))))))
+                 if is_dataclass(default) else (lambda value: value))  # as plain values (lists, not tuples), which compare
         value, given = plain(recipe.get(item.name, default)), plain(hparams.get(item.name, default))
         if given != plain(default) and given != value:
             raise ConfigError(f"model.init_args.{item.name} is given twice, as {given} and as recipe.{item.name} "

@@ -112,6 +112,6 @@ def test_quickstart_trains_on_a_given_two_category_coco_folder(tmp_path, monkeyp
     head = fit.model.detector.roi_head
     assert fit.model.hparams.num_classes == head.bbox_head.num_classes == head.mask_head.num_classes == 2
     assert head.bbox_head.fc_cls.out_features == 3  # 2 classes + background
-    assert torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
+    assert torch.load(tmp_path / "runs" / "detection" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
                       weights_only=True)["hyper_parameters"]["num_classes"] == 2  # the count used, saved
     assert not (tmp_path / "cache").exists()
