@@ -44,13 +44,10 @@ def one_line_error(capsys, *args: str) -> str:
     return err
 
 
-def test_a_model_that_cannot_be_built_or_switched_is_a_one_line_error(capsys):
+def test_a_model_that_cannot_be_built_is_a_one_line_error(capsys):
     err = one_line_error(capsys, "--model.init_args.model_kwargs", "{patch_size: 4, no_such_option: 1}")
     assert "timm cannot build vit_tiny_patch16_224" in err and "no_such_option" in err
     assert len(err.splitlines()) <= 2
-    err = one_line_error(capsys, "--model.init_args.model_name", "resnet18", "--model.init_args.model_kwargs", "{}",
-                         "--model.init_args.img_size", "null")
-    assert "ResNet has no attention module set_attention can switch" in err and len(err.splitlines()) <= 2
 
 
 def test_data_root_on_the_bundled_digits_points_to_the_image_folder_line(capsys):
