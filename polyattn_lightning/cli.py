@@ -95,16 +95,19 @@ def without_version(get_metrics):
 
 
 def short_parse_message(message: str) -> str:
-    """jsonargparse's message without its ``Does not validate against any of the Union subtypes`` dump: the
-    errors of the subtypes that were meant (not ``Expected a <class 'NoneType'>``), each on its own lines."""
+    """jsonargparse's message without its ``Does not validate against any of the Union subtypes`` dumps (nested
+    ones too): the errors of the subtypes that were meant (not ``Expected a <class 'NoneType'>``), with the value."""
     if "Does not validate against any of the Union subtypes" not in message:
         return message
-    head = message.split("Does not validate", 1)[0].strip()
-    body = message.split("Errors:", 1)[-1].split("Given value type:", 1)[0]
-    items = [item for item in re.split(r"\n\s*- ", "\n" + body.strip()) if item.strip()]
-    items = [item for item in items if not item.startswith("Expected a <class 'NoneType'>")] or items
-    lines = [line.strip() for item in items for line in item.splitlines() if line.strip()]
-    return " ".join([head, lines[0]]).strip() + "".join(f"\n  {line}" for line in lines[1:])
+    dropped = ("Does not validate against any of the Union subtypes", "Subtypes: [", "Errors:", "Given value type:",
+               "Expected a <class 'NoneType'>", "Given value: NestedArg(")
+    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(dropped)]
+    given = [line for line in lines if line.startswith("Given value: ")]
+    lines = [line for line in lines if not line.startswith("Given value: ")]
+    if given and lines:
+        lines[-1] += f". Got value: {given[0].removeprefix('Given value: ')}"
+    return lines[0] + "".join(f"\n  {line}" for line in lines[1:])
 
 
 def class_from_path(class_path: Any) -> type | None:
