@@ -322,25 +322,25 @@ class DetectionModule(TaskModule):
     def _log_coco(self, stage: str) -> None:
         """Score every rank's detections together, once, on rank 0; every rank logs the same numbers."""
         results, self._results = _by_image(_gather(self._results)), []
-        scores = None
+        scores, log_dir = None, self.trainer.log_dir  # log_dir broadcasts: every rank asks, before rank 0 scores
         if self.trainer.is_global_zero:
             with _pycocotools_output() as output:
                 scores = coco_scores(self._metric, results)
-            self._report_coco(stage, scores, output.getvalue())
+            self._report_coco(stage, scores, output.getvalue(), log_dir)
         scores = self.trainer.strategy.broadcast(scores, src=0)
         for name, value in scores.items():
             self.log(f"{stage}/{name}", value, prog_bar=name.endswith("mAP_50"))
 
-    def _report_coco(self, stage: str, scores: dict[str, float], tables: str) -> None:
+    def _report_coco(self, stage: str, scores: dict[str, float], tables: str, log_dir: str | None) -> None:
         """One console line per IoU type; pycocotools' full tables to the debug log and the run folder's
         :data:`COCO_REPORT`."""
         where = f"{stage} (step {self.trainer.global_step}, {len(self._metric.img_ids)} images)"
         for kind in self._metric.metrics:
             rank_zero_info(f"{where} {kind}: " + ", ".join(f"{item} {scores[f'{kind}_{item}']:.3f}" for item in METRIC_ITEMS))
         log.debug(tables)
-        if self.trainer.log_dir is not None and tables:
-            Path(self.trainer.log_dir).mkdir(parents=True, exist_ok=True)
-            with open(Path(self.trainer.log_dir) / COCO_REPORT, "a") as file:
+        if log_dir is not None and tables:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            with open(Path(log_dir) / COCO_REPORT, "a") as file:
                 file.write(f"==== {where}\n{tables}\n")
 
     # ---- prediction files --------------------------------------------------------------------------
