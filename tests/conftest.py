@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 
-
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``docker`` (a multi-GB image build) run only when ``-m`` names them: ``pytest -m docker``."""
     if "docker" in (config.option.markexpr or ""):
@@ -20,9 +19,13 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker("docker")]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
-    """The test models are tiny: a second intra-op thread buys nothing, and on shared cores it spin-waits (30x slower)."""
+    """The test models are tiny: a second intra-op thread buys nothing, and on shared cores it spin-waits (30x slower).
+
+    Session-wide, so it is set before any module-scoped fixture runs: a reference run computed with two threads
+    and compared bit for bit with a resumed run on one thread differs in the last float bits (reduction order).
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
