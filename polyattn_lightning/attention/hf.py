@@ -23,6 +23,11 @@ every attention module was called. The modules it found are then given the proje
 :class:`~polyattn_lightning.attention.timm_patch.SwitchedAttention` mixin (their class is swapped for a
 subclass; HF's ``forward`` and parameters are untouched), so the diagnostics' ``capture`` contract holds:
 ``attention_modules`` lists them in forward order and ``capture`` gets what ``attention()`` is given.
+The probe's inputs are set_attention's ``probe=`` (as for timm models: a callable running one forward, or here
+also a mapping of the model's keyword arguments). ``calibrate=True`` runs one more probe forward, with softmax,
+and folds a temperature per head into the query weights
+(:mod:`~polyattn_lightning.attention.hf_calibration`): what makes a pretrained softmax model fine-tune
+into ``x^3`` (configs/README.md).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
@@ -32,7 +37,7 @@ This module imports transformers; nothing else in the project does unless it is 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +49,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..errors import ConfigError, MissingPathError
 from .functional import attention
 from .registry import ActivationSpec, get_activation
-from .timm_patch import AttentionInputs, SwitchedAttention
+from .hf_calibration import fold_temperatures
+from .switched import AttentionInputs, Capture, SwitchedAttention
 
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
@@ -57,11 +63,13 @@ PROBE_TOKENS = 6
 
 
 class _Probe:
-    """The probe in progress: the spec to attend with and how often each module called the function."""
+    """The probe in progress: the spec to attend with, how often each module called the function, and the
+    ``capture`` every module gets meanwhile (None: none, the diagnostics' hooks are off during a probe)."""
 
-    def __init__(self, spec: ActivationSpec):
+    def __init__(self, spec: ActivationSpec, capture: Capture | None = None):
         self.spec = spec
         self.calls: dict[int, int] = {}
+        self.capture = capture
 
 
 _probe: _Probe | None = None
@@ -102,7 +110,7 @@ def polyattn_attention(
     else:
         causal, masks = split_mask(attention_mask)
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    capture = getattr(module, "capture", None)
+    capture = _probe.capture if _probe is not None else getattr(module, "capture", None)
     if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
         seen = dict(masks, attn_mask=_causal(q_len, key.shape[2], query.device)) if causal else masks
         capture(module, AttentionInputs(query, key, value, temperature, **seen))
@@ -151,13 +159,30 @@ def split_mask(mask: Tensor) -> tuple[bool, dict[str, Tensor]]:
 # --------------------------------------------------------------------------- switching
 
 
-def set_attention(model: PreTrainedModel, activation: ActivationSpec, probe_inputs: Mapping | None = None) -> int:
+def set_attention(
+    model: PreTrainedModel,
+    activation: ActivationSpec,
+    *,
+    probe: Mapping | Callable[[], object] | None = None,
+    calibrate: bool = False,
+) -> int:
     """Switch every attention layer of an HF ``PreTrainedModel`` to ``activation``; returns how many.
 
-    ``probe_inputs``: keyword arguments for the probe forward (default: a few token ids, or one image, as
-    the model's ``main_input_name`` asks). Raises :class:`ConfigError`, leaving the model as it was, when
-    the model's attention does not go through transformers' ``AttentionInterface`` in every layer or
-    passes a keyword argument the activation cannot honour.
+    Args:
+        model: a ``transformers`` model whose attention goes through ``AttentionInterface`` (BERT, ViT, Llama...).
+        activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
+        probe: the forward that shows every layer goes through the interface (and that ``calibrate`` measures):
+            a mapping of ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for
+            timm models, a callable running one forward of ``model``; None makes a few token ids (two rows, the
+            second padded) or one blank image, as the model's ``main_input_name`` asks. A batch of real inputs
+            (e.g. training data) gives ``calibrate`` real scores to measure.
+        calibrate: also fold one temperature per head into the query projections, chosen so that each layer's
+            output starts nearest to the softmax output of the weights it was given
+            (:mod:`~polyattn_lightning.attention.hf_calibration`): once, when switching a pretrained softmax model.
+
+    Raises :class:`ConfigError`, leaving the model as it was, when the model's attention does not go through
+    transformers' ``AttentionInterface`` in every layer, passes a keyword argument the activation cannot honour,
+    or (``calibrate``) has no query projection to fold the temperatures into.
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
@@ -170,12 +195,14 @@ def set_attention(model: PreTrainedModel, activation: ActivationSpec, probe_inpu
                 "AttentionInterface (set_attention needs models whose attention modules call "
                 "ALL_ATTENTION_FUNCTIONS.get_interface, e.g. BERT, ViT, Llama, Qwen2, Mistral, GPT-2)"
             )
+    run = _probe_forward(model, probe)
     _register()
     previous = model.config._attn_implementation
     model.set_attn_implementation(IMPLEMENTATION)
     try:
-        calls = _run_probe(model, activation, probe_inputs)
-        found = _check_every_layer(model, calls)
+        found = _check_every_layer(model, _run_probe(model, run, _Probe(activation)).calls)
+        if calibrate:  # every check before a weight changes: a refusal leaves the model as it was
+            fold_temperatures(found, _softmax_inputs(model, run), activation)
     except BaseException:
         model.set_attn_implementation(previous)
         raise
@@ -195,21 +222,39 @@ def _register() -> None:
         AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
 
-def _run_probe(model: PreTrainedModel, activation: ActivationSpec, probe_inputs: Mapping | None) -> dict[int, int]:
+def _probe_forward(model: PreTrainedModel, probe: Mapping | Callable[[], object] | None) -> Callable[[], object]:
+    """``probe`` as a callable running one forward of ``model``."""
+    if callable(probe):
+        return probe
+    if probe is not None and not isinstance(probe, Mapping):
+        raise ConfigError(f"{type(model).__name__}: probe= must be a mapping of the model's keyword arguments or a "
+                          f"callable running one forward, got {type(probe).__name__}")
+    inputs = dict(probe) if probe is not None else _default_probe_inputs(model)
+    return lambda: model(**inputs)
+
+
+def _run_probe(model: PreTrainedModel, run: Callable[[], object], probe: _Probe) -> _Probe:
+    """One eval, no-grad forward (``run``) with every polyattn call going through ``probe``."""
     global _probe
-    inputs = dict(probe_inputs) if probe_inputs is not None else _default_probe_inputs(model)
     was_training = model.training
-    _probe = _Probe(activation)
+    _probe = probe
     try:
         model.eval()
         with torch.no_grad():
-            model(**inputs)
-        return _probe.calls
+            run()
+        return probe
     except ConfigError as error:
         raise ConfigError(f"{type(model).__name__}: {error}") from None
     finally:
         _probe = None
         model.train(was_training)
+
+
+def _softmax_inputs(model: PreTrainedModel, run: Callable[[], object]) -> dict[int, AttentionInputs]:
+    """What each attention module attends in a softmax forward of ``run`` (its first call), by module id."""
+    recorded: dict[int, AttentionInputs] = {}
+    _run_probe(model, run, _Probe("softmax", capture=lambda module, inputs: recorded.setdefault(id(module), inputs)))
+    return recorded
 
 
 def _default_probe_inputs(model: PreTrainedModel) -> dict[str, Tensor]:
@@ -228,7 +273,7 @@ def _default_probe_inputs(model: PreTrainedModel) -> dict[str, Tensor]:
         size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
         return {"pixel_values": torch.zeros(1, config.num_channels, *size, device=device, dtype=model.dtype)}
     raise ConfigError(
-        f"{type(model).__name__} takes {model.main_input_name!r}: pass probe_inputs= (the keyword arguments of one "
+        f"{type(model).__name__} takes {model.main_input_name!r}: pass probe= (the keyword arguments of one "
         "small forward) to set_attention"
     )
 

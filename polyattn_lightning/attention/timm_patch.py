@@ -260,33 +260,48 @@ class AttentionRefused(ConfigError):
 
 
 def set_attention(
-    model: nn.Module, activation: ActivationSpec, *, strict: bool = True, probe: Probe | bool | None = None
+    model: nn.Module, activation: ActivationSpec, *, strict: bool = True, probe: Probe | Mapping | bool | None = None,
+    calibrate: bool = False,
 ) -> int:
     """Switch every attention of ``model`` that has a switch to ``activation``; returns how many were switched.
 
     Args:
-        model: a timm model, a part of one (a block, one attention module) or a module holding switched ones.
+        model: a timm model, a part of one (a block, one attention module) or a module holding switched ones;
+            or a Hugging Face ``transformers`` ``PreTrainedModel`` (switched by
+            :func:`polyattn_lightning.attention.hf.set_attention`, with the same arguments).
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
         strict: refuse (:class:`AttentionRefused`, a ``ConfigError``; nothing changed) when any module would
             keep softmax, attention pooling heads aside; False switches the rest and logs one line naming what
-            stays softmax. With nothing to switch it always refuses.
+            stays softmax. With nothing to switch it always refuses. An HF model is always switched whole.
         probe: the forward that shows what still computes softmax after the switch (a callable running one
             forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
             where the model states none (a bare block: then only the class tables count); False skips it.
+            An HF model also takes a mapping of its keyword arguments (``{"input_ids": ..., "attention_mask":
+            ...}``), and is always probed (None: a few token ids or one blank image).
+        calibrate: HF models only: fold a temperature per head into the query weights so that each layer starts
+            nearest to its softmax output on the probe's inputs (for fine-tuning a pretrained softmax model;
+            :mod:`~polyattn_lightning.attention.hf_calibration`).
 
     To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
     ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
     ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
     ``timm_adapters/<family>.py``; add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
     README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
-    docstring has the details. A Hugging Face ``transformers`` model goes to
-    :func:`polyattn_lightning.attention.hf.set_attention`.
+    docstring has the details.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
     if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):
         from .hf import set_attention as set_hf_attention
 
-        return set_hf_attention(model, activation)
+        if not strict or probe is False:
+            raise ConfigError(f"{type(model).__name__}: a Hugging Face model is switched whole, after its probe "
+                              "forward; strict=False and probe=False are for timm models")
+        return set_hf_attention(model, activation, probe=None if probe is True else probe, calibrate=calibrate)
+    if calibrate:
+        raise ConfigError(f"{type(model).__name__}: calibrate=True is for Hugging Face transformers models")
+    if isinstance(probe, Mapping):
+        raise ConfigError(f"{type(model).__name__}: probe= is a callable running one forward (a mapping of keyword "
+                          "arguments is for Hugging Face models)")
     return len(_set_attention(model, activation, strict, probe)[0])
 
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
+from torch.utils.data import default_collate
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -44,6 +45,8 @@ from ..models.hf_pretrained import (
 from .base import TaskModule, logits_evaluation
 from .optim import OptimRecipe
 
+#: Training samples in the probe batch that set_attention runs (and calibrates on).
+PROBE_SAMPLES = 16
 #: AdamW at a fine-tuning rate, short linear warmup and decay; no batch scaling.
 HF_OPTIM = OptimRecipe(lr=5e-5, reference_batch=None, weight_decay=0.01, warmup_epochs=0.0, warmup_steps=10,
                        warmup_lr=1e-7, min_lr=0.0, schedule="linear")
@@ -63,6 +66,8 @@ class HFTask(TaskModule):
         if hp.model is not None and hp.hf_config is not None:
             raise ConfigError("give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
                               "(a model from a config), not both")
+        # a checkpoint's hyperparameters carry built_config: its weights replace these, calibrated once already
+        self.fresh_weights = hp.built_config is None
         if hp.built_config is not None or hp.hf_config is not None:  # a checkpoint's config, or a new model
             key = "built_config" if hp.built_config is not None else "model.init_args.hf_config"
             config = config_from_dict(hp.built_config or hp.hf_config, key)
@@ -80,6 +85,19 @@ class HFTask(TaskModule):
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         if getattr(datamodule, "tokenizer", None) is not None:
             self.check_fit(datamodule)
+
+    def attention_options(self) -> dict[str, Any]:
+        """``set_attention``'s probe: the first :data:`PROBE_SAMPLES` training samples when the data is attached
+        (else its default tokens); ``calibrate`` with ``calibrate_attention``, on weights no checkpoint replaces."""
+        options = {"calibrate": bool(self.hparams.calibrate_attention) and self.fresh_weights}
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        dataset = getattr(datamodule, "train_set", None)
+        if dataset is not None:
+            collate = datamodule.collate_fn or default_collate
+            batch = collate([dataset[i] for i in range(min(PROBE_SAMPLES, len(dataset)))])
+            device = next(self.model.parameters()).device
+            options["probe"] = {key: value.to(device) for key, value in batch.items() if key != "labels"}
+        return options
 
     def config_overrides(self) -> dict[str, Any]:
         """Config values the data determines (class count and names, vocabulary)."""
@@ -135,6 +153,7 @@ class HFSequenceClassification(HFTask):
         model: str | None = None,
         hf_config: dict[str, Any] | None = None,
         attention: ActivationSpec = "softmax",
+        calibrate_attention: bool = False,
         num_classes: int | None = None,
         classes: list[str] | None = None,
         optim: OptimRecipe = HF_OPTIM,
@@ -148,6 +167,10 @@ class HFSequenceClassification(HFTask):
                 encoder is kept and a new classification head is added.
             hf_config: instead of ``model``, a config mapping with ``model_type`` (random init).
             attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
+            calibrate_attention: when switching pretrained softmax weights to another activation, first fold a
+                temperature per head into the query weights, fitted on the first training samples so that each
+                layer starts nearest to its softmax output (``set_attention(..., calibrate=True)``; without it the
+                MiniLM does not fine-tune into ``x^3``, configs/README.md). Done once: a checkpoint holds the result.
             num_classes, classes: None takes the data's (the training labels in sorted order); saved with the
                 checkpoint and in the exported config (``id2label``).
             optim: optimizer and schedule.
@@ -201,6 +224,7 @@ class HFCausalLM(HFTask):
         model: str | None = None,
         hf_config: dict[str, Any] | None = None,
         attention: ActivationSpec = "softmax",
+        calibrate_attention: bool = False,
         vocab_size: int | None = None,
         optim: OptimRecipe = HF_OPTIM,
         test_after_fit: bool = True,
@@ -209,7 +233,7 @@ class HFCausalLM(HFTask):
     ):
         """
         Args:
-            model, hf_config, attention, optim, test_after_fit, export_dir, built_config: as for
+            model, hf_config, attention, calibrate_attention, optim, test_after_fit, export_dir, built_config: as for
                 :class:`HFSequenceClassification`.
             vocab_size: None takes the data's (its tokenizer's size); a model from ``hf_config`` is built with it.
         """
