@@ -5,7 +5,9 @@ The model comes from a local folder (``model``: a path or ``package:<name>``, lo
 config (``hf_config``: a mapping with ``model_type``, e.g. a tiny Llama, random init). Either way the base
 switches its attention with ``set_attention`` (``attention/hf.py``) right after building. The config the model
 was built with is stored in the hyperparameters as a plain dict (``built_config``), so the Lightning checkpoint
-rebuilds the model without the folder and stays ``weights_only``-loadable.
+rebuilds the model without the folder and stays ``weights_only``-loadable. ``set_attention``'s probe forward runs
+on the first training samples; with ``calibrate_attention`` it also fits per-head temperatures there (once, on the
+weights just loaded: a model rebuilt from a checkpoint takes the calibrated weights from it).
 
 Data (``data/text.py``): batches are the tokenizer's dicts (``input_ids``, ``attention_mask``...) plus
 ``labels`` for classification. The data's tokenizer is checked against the model (vocabulary size, padding
