@@ -25,8 +25,14 @@ SCRIPT = textwrap.dedent("""
         softmax = model(**batch).last_hidden_state
         set_attention(model, "poly3")
         poly3 = model(**batch).last_hidden_state
+        calibrated = AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa").eval()
+        set_attention(calibrated, "poly3", probe=batch, calibrate=True)
+        calibrated = calibrated(**batch).last_hidden_state
     torch.testing.assert_close(softmax[real], expected[real], atol=1e-5, rtol=1e-5)
     assert (poly3[real] - expected[real]).abs().max() > 1e-2
+    drift = {name: ((out[real] - expected[real]).norm() / expected[real].norm()).item()
+             for name, out in (("poly3", poly3), ("calibrated", calibrated))}
+    assert drift["calibrated"] < drift["poly3"] / 2, drift  # the pretrained features kept (configs/README.md)
     assert [name for name, _ in attention_modules(model)] == [f"encoder.layer.{i}.attention.self" for i in range(6)]
     print("ok", type(model).__name__, model.config.hidden_size)
 """)
