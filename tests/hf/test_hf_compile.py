@@ -1,5 +1,7 @@
 """``torch.compile`` of switched HF models: a tiny BERT (padding) and a tiny Llama (causal, grouped-query) with poly3
-give the eager outputs and gradients (CPU, ``aot_eager`` as for the timm families in tests/attention/test_compile.py)."""
+compile
+in one graph (``fullgraph``: a graph break raises) and give the eager outputs and gradients (CPU, ``aot_eager`` as for
+the timm families in tests/attention/test_compile.py)."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +27,7 @@ def test_compiled_switched_model_matches_eager(build, output):
 
     eager, eager_grads = loss_and_grads(model)
     torch._dynamo.reset()
-    compiled, compiled_grads = loss_and_grads(torch.compile(model, backend="aot_eager"))
+    compiled, compiled_grads = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     for got, want in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
