@@ -1,8 +1,8 @@
 """``torch.compile`` of switched HF models: a tiny BERT (padding) and a tiny Llama (causal, grouped-query) with poly3
-compile
-in one graph (``fullgraph``: a graph break raises) and give the eager outputs and gradients (CPU, ``aot_eager`` as for
-the timm families in tests/attention/test_compile.py)."""
+compile in one graph (``fullgraph``: a graph break raises) and give the eager outputs and gradients (CPU,
+``aot_eager`` as for the timm families in tests/attention/test_compile.py)."""
 from __future__ import annotations
+
 
 import pytest
 import torch
