@@ -3,7 +3,6 @@ compile in one graph (``fullgraph``: a graph break raises) and give the eager ou
 ``aot_eager`` as for the timm families in tests/attention/test_compile.py)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch._dynamo
