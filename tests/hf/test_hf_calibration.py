@@ -76,7 +76,8 @@ def test_calibration_folds_per_head_temperatures_into_the_query_rows_only():
     before, after = model.state_dict(), calibrated.state_dict()
     changed = sorted(name for name in before if not torch.equal(before[name], after[name]))
     assert changed == [f"encoder.layer.{i}.attention.self.query.{p}" for i in range(2) for p in ("bias", "weight")]
-    rows = (after["encoder.layer.0.attention.self.query.weight"] / before["encoder.layer.0.attention.self.query.weight"])
+    weight = "encoder.layer.0.attention.self.query.weight"
+    rows = after[weight] / before[weight]
     torch.testing.assert_close(rows.reshape(4, -1), expected.float()[:, None].expand(4, 8 * 32))
     # what layer 1 attends: the same queries times each head's temperature
     queries = first_layer_queries(calibrated, batch).q
@@ -89,7 +90,8 @@ def test_a_calibrated_layer_with_large_scores_starts_nearer_its_softmax_output_t
     well; the pretrained MiniLM is brought far nearer (tests/hf/test_minilm.py)."""
     model = large_score_bert()
     g = torch.Generator().manual_seed(3)
-    batch = {"input_ids": torch.randint(1, 64, (8, 12), generator=g), "attention_mask": torch.ones(8, 12, dtype=torch.long)}
+    batch = {"input_ids": torch.randint(1, 64, (8, 12), generator=g),
+             "attention_mask": torch.ones(8, 12, dtype=torch.long)}
 
     def first_layer_output(m):
         out = []
