@@ -66,8 +66,10 @@ nothing of its own:
   twice); it must not change the tensors;
 * the token layout is read from shapes: keys ``(B, H, Nk, d)`` with ``Nk`` a few
   prefix tokens plus a patch grid of the image's aspect ratio (ViT/DeiT, class
-  attention, detection backbones), ``B * windows`` rows for Swin windows, token
-  sequences for text; XCiT's :class:`XCiTAttention` attends over channels.
+  attention, detection backbones), ``B * windows`` rows for Swin windows and
+  MaxViT's windows and grids, token sequences for text; the channel attentions
+  (XCiT's ``XCA``, DaViT's and EdgeNeXt's) attend over channels: ``Nk`` is a
+  head's channels (``callbacks.attention_maps.CHANNEL_ATTENTION`` names them).
 """
 from __future__ import annotations
 
@@ -78,37 +80,23 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import timm.layers.attention2d as attention2d
 import timm.layers.attention_pool as attention_pool
 import timm.layers.attention_pool2d as attention_pool2d
 import timm.layers.global_context as global_context
 import timm.layers.lambda_layer as lambda_layer
+import timm.layers.non_local_attn as non_local_attn
 import timm.layers.other_pool as other_pool
 import timm.layers.selective_kernel as selective_kernel
 import timm.layers.split_attn as split_attn
-import timm.models.cait as cait
 import timm.models.coat as coat
-import timm.models.convit as convit
-import timm.models.crossvit as crossvit
-import timm.models.davit as davit
-import timm.models.edgenext as edgenext
-import timm.models.efficientformer as efficientformer
-import timm.models.efficientformer_v2 as efficientformer_v2
 import timm.models.efficientvim as efficientvim
 import timm.models.efficientvit_mit as efficientvit_mit
-import timm.models.efficientvit_msra as efficientvit_msra
-import timm.models.gcvit as gcvit
-import timm.models.levit as levit
 import timm.models.mobilevit as mobilevit
 import timm.models.mvitv2 as mvitv2
-import timm.models.shvit as shvit
 import timm.models.swiftformer as swiftformer
-import timm.models.swin_transformer_v2 as swin_transformer_v2
-import timm.models.swin_transformer_v2_cr as swin_transformer_v2_cr
-import timm.models.tnt as tnt
 import timm.models.volo as volo
-from timm.layers import Attention
 from timm.models.cait import ClassAttn
-from timm.models.csatv2 import SpatialTransformerBlock as CsatSpatialBlock  # timm.models.csatv2 is also a model function
 from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import Tensor, nn
@@ -138,8 +126,8 @@ class SwinWindowAttention(SwitchedAttention, WindowAttention):
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, -1)))
 
 
-#: The generic switches of the classes the first version of this file had adapters for (same outputs).
-ViTAttention = GENERIC[Attention]
+#: The generic switches of XCiT's channel attention and of CaiT/XCiT class attention, by name: the attention-map
+#: callback tells the channel maps apart by class.
 XCiTAttention = GENERIC[XCA]
 ClassAttention = GENERIC[ClassAttn]
 
@@ -174,16 +162,11 @@ POOLING_HEADS: tuple[type[nn.Module], ...] = (
     other_pool.SimPool1d, other_pool.SimPool2d,
 )
 
-#: timm classes that compute softmax attention by hand (no ``fused_attn`` flag); refused until an adapter
-#: in ``timm_adapters`` registers for them (the probe finds them too; this list also covers a module no
-#: probe forward can run).
+#: timm classes that compute softmax attention by hand and have no adapter in ``timm_adapters`` (its package
+#: docstring says why): refused by class, so also where no probe forward runs. A class that gets an adapter
+#: leaves this list (``tests/attention/test_timm_refusals.py`` checks that none is on both).
 HAND_SOFTMAX: tuple[type[nn.Module], ...] = (
-    cait.TalkingHeadAttn, swin_transformer_v2.WindowAttention, swin_transformer_v2_cr.WindowMultiHeadAttention,
-    efficientformer.Attention, efficientformer_v2.Attention2d, efficientformer_v2.Attention2dDownsample,
-    mvitv2.MultiScaleAttention, mvitv2.MultiScaleAttentionPoolFirst, levit.Attention, levit.AttentionDownsample,
-    efficientvit_msra.CascadedGroupAttention, convit.GPSA, convit.MHSA, gcvit.WindowAttentionGlobal, tnt.Attention,
-    crossvit.CrossAttention, CsatSpatialBlock, davit.ChannelAttention, davit.ChannelAttentionV2,
-    edgenext.CrossCovarianceAttn, shvit.SHSA, volo.ClassAttention,
+    mvitv2.MultiScaleAttentionPoolFirst, non_local_attn.NonLocalAttn, attention2d.MultiQueryAttentionV2,
 )
 
 
