@@ -22,10 +22,11 @@ module what switches):
   (``AttentionPoolLatent``...) stay softmax by decision and are named in a log line.
 
 A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward
-(one random image at the model's input size) under a ``TorchFunctionMode`` that records every
-softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a switched
-module, and any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no switch,
-refuses the model with each module's path, class (``timm.models.beit.Attention``) and reason, and
+(one random image at the size the model was built for) under a ``TorchFunctionMode`` that records
+every softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a
+switched module, any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no
+switch, and any module of a class the tables below name (``HAND_SOFTMAX``: hand-computed softmax
+with no adapter; ``NOT_TOKEN_ATTENTION``) refuses the model with each module's path, class (``timm.models.beit.Attention``) and reason, and
 nothing is changed. ``strict=False`` (YAML: ``model.init_args.attention_strict: false``) switches what
 can be switched and logs one line naming what stays softmax.
 
@@ -37,7 +38,8 @@ To add a family:
    ``timm_sdpa.REVIEWED``; add its tiny constructor to ``tests/attention/timm_families.py``.
 2. timm computes softmax by hand: write the smallest subclass of the timm class with
    :class:`SwitchedAttention` whose ``forward`` keeps timm's steps and calls ``self._attend`` where
-   the softmax was, decorate it with ``@_adapts(TimmClass)`` and put it in ``timm_adapters/<family>.py``.
+   the softmax was, decorate it with ``@_adapts(TimmClass)``, put it in ``timm_adapters/<family>.py``
+   and take the class off ``HAND_SOFTMAX``.
 3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write README.md``.
 
 Diagnostics: each switched module has ``activation`` (the resolved
@@ -260,7 +262,7 @@ def set_attention(
     To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
     ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
     ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
-    ``timm_adapters/<family>.py``; add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
+    ``timm_adapters/<family>.py`` (and take ``cls`` off ``HAND_SOFTMAX``); add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
     README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
     docstring has the details. A Hugging Face ``transformers`` model goes to
     :func:`polyattn_lightning.attention.hf.set_attention`.

@@ -28,6 +28,7 @@ from polyattn_lightning.attention.timm_patch import (
     attention_map,
     set_attention,
 )
+from polyattn_lightning.attention.timm_probe import built_size
 from polyattn_lightning.callbacks import AttentionNorms
 from polyattn_lightning.callbacks.attention_maps import CHANNEL_ATTENTION, collect_maps
 
@@ -375,3 +376,14 @@ def test_convit_positional_softmax_is_named_not_refused(caplog):
     with caplog.at_level("INFO", logger="polyattn_lightning.attention.timm_patch"):
         assert switch(model, "poly3", x) == 3
     assert "blocks.0.attn" in caplog.text and "positional map stays softmax by decision" in caplog.text
+
+
+@pytest.mark.parametrize("family", ["levit", "levit_conv", "efficientformer_v2", "tnt"])
+def test_derived_probe_runs_at_the_size_the_model_was_built_for(family, caplog):
+    """Built at another size than timm's default (224), these keep it only in an attention grid or in a pixel
+    embedding: the probe finds it there, so ``set_attention`` probes (strictly) without falling back."""
+    model = make(family, randomize=False)
+    assert tuple(built_size(model)) == FAMILIES[family][1][2:] != (224, 224)
+    with caplog.at_level("WARNING", logger="polyattn_lightning.attention.timm_patch"):
+        assert set_attention(model, "poly3") == len(adapted(model)) > 0
+    assert "probe forward" not in caplog.text
