@@ -256,8 +256,9 @@ def set_attention(
             keep softmax, attention pooling heads aside; False switches the rest and logs one line naming what
             stays softmax. With nothing to switch it always refuses.
         probe: the forward that shows what still computes softmax after the switch (a callable running one
-            forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
-            where the model states none (a bare block: then only the class tables count); False skips it.
+            forward of ``model``); None makes one at the image size the model was built for
+            (:func:`image_probe`), skipped where it keeps none (a bare block: then only the class tables
+            count); False skips it.
 
     To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
     ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest

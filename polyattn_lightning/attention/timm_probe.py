@@ -71,7 +71,7 @@ def softmax_calls(model: nn.Module, run: Callable[[], object]) -> list[SoftmaxCa
 
 def image_probe(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Callable[[], object] | None:
     """A no-grad forward of one random image at ``img_size`` or the model's own input size, or None when it
-    states none.
+    has none.
 
     The size is ``img_size``, else the one the model was built for (:func:`built_size`), else timm's
     ``pretrained_cfg['input_size']``; the image comes from a private generator, so the global RNG is untouched.

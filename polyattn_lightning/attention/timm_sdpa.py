@@ -14,10 +14,10 @@ sync, no ``torch.compile`` graph break): a bool mask is ``attn_mask``; a float m
 a score bias ``m.masked_fill(m <= finfo.min / 2, 0)`` and ``allowed = m > finfo.min / 2`` (``-inf``
 included), each only where the reviewed list says the class passes that kind; a class that passes only
 a bias hands ``m`` over as ``attn_bias`` untouched (the review found no sentinel in it, so no pass over
-it looks for one). ``is_causal`` is
-SDPA's, top-left (query ``i`` keeps keys ``0 .. i``): ``attention()``'s own ``is_causal`` where that is
-the same (``Nq == Nk``, every timm class that passes it), so the kernels skip the tiles above the
-diagonal; a lower-triangular bool mask otherwise. ``scale`` is the temperature (default ``d ** -0.5``).
+it looks for one). ``is_causal`` is SDPA's, top-left (query ``i`` keeps keys ``0 .. i``): it goes to
+``attention()``'s own ``is_causal`` where that means the same (``Nq == Nk``, every timm class that
+passes it), so the kernels skip the tiles above the diagonal, and becomes a lower-triangular bool mask
+otherwise. ``scale`` is the temperature (default ``d ** -0.5``).
 
 :data:`REVIEWED` is the list: the class, the timm versions its forward was read for, and the mask
 kinds it hands SDPA. A class is on it only if its SDPA call *is* its attention: a float mask that
