@@ -15,6 +15,7 @@ import timm.models.eva
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from polyattn_lightning.attention.timm_patch import attention_modules, set_attention
 from polyattn_lightning.attention.timm_probe import softmax_calls
@@ -166,6 +167,18 @@ def test_attention_maps_are_drawn_for_new_layouts(family):
         assert torch.isfinite(layer_maps.heat).all() and layer_maps.heat.dim() == 3
 
 
+class Called(TorchFunctionMode):
+    """The names of the torch functions called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
 #: The reviewed self-attention classes whose forward passes ``is_causal`` on to SDPA.
 CAUSAL_MODULES = {
     "vit": lambda: timm.layers.Attention(16, num_heads=2, qkv_bias=True),
@@ -194,9 +207,12 @@ def test_is_causal_is_timms_and_the_materialized_references(name):
         set_attention(module, "softmax")
         assert torch.allclose(module(x, is_causal=True), expected_softmax, atol=1e-6)
         set_attention(module, "poly3")
+        with Called() as called:  # attention()'s is_causal: the kernel skips the upper tiles, no mask is built
+            assert torch.allclose(module(x, is_causal=True), expected_poly3, atol=1e-5)
+        assert "tril" not in called.names and "triu" not in called.names
         captured = []
         module.capture = lambda module, inputs: captured.append(inputs)
-        assert torch.allclose(module(x, is_causal=True), expected_poly3, atol=1e-5)
+        module(x, is_causal=True)
     for inputs in captured:
         n = inputs.q.shape[-2]
         assert torch.equal(inputs.attn_mask, torch.ones(n, n, dtype=torch.bool).tril())
