@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import timm.models.efficientformer_v2 as efficientformer_v2
+import timm.models.gcvit as gcvit
+import timm.models.hiera as hiera
 import timm.models.levit as levit
 import torch
 from torch import nn
@@ -99,38 +101,43 @@ def built_size(model: nn.Module) -> int | tuple[int, ...] | None:
     """The image size ``model`` was built for, or None where it keeps none.
 
     The ``img_size`` of its patch embedding (a ViT-like model's), of the model, or of TNT's pixel embedding;
-    else, for the models that keep it only as the token grid their attention biases were sized for, that
-    grid times its stride from the image (:data:`GRID_SIZED`): an image of that size gives the same grid
-    through timm's floor and ceiling divisions.
+    else, for the models that keep it only as a token grid (the one their attention biases, windows or
+    position embeddings were sized for), that grid times its stride from the image (:data:`GRID_SIZED`):
+    an image of that size gives the same grid through timm's floor and ceiling divisions.
     """
     for owner in (getattr(model, "patch_embed", None), model, getattr(model, "pixel_embed", None)):
         size = getattr(owner, "img_size", None)
         if size is not None:
             return size
-    for cls, grid_and_stride in GRID_SIZED.items():
-        if isinstance(model, cls) and (found := grid_and_stride(model)) is not None:
-            grid, stride = found
-            return tuple(side * stride for side in grid)
+    for cls, grid_size in GRID_SIZED.items():
+        if isinstance(model, cls):
+            return grid_size(model)
     return None
 
 
-def _levit_grid(model: levit.Levit) -> tuple[tuple[int, int], int] | None:
-    """The first stage's attention grid (no downsampling before it) and the stem's stride."""
+def _times(grid, stride) -> tuple[int, ...]:
+    strides = stride if isinstance(stride, (tuple, list)) else [stride] * len(grid)
+    return tuple(side * step for side, step in zip(grid, strides))
+
+
+def _levit_size(model: levit.Levit) -> tuple[int, ...] | None:
+    """The first stage's attention grid (no downsampling before it) times the stem's stride."""
     grid = next((m.resolution for m in model.modules() if isinstance(m, levit.Attention)), None)
-    return None if grid is None else (grid, model.feature_info[0]["reduction"])
+    return None if grid is None else _times(grid, model.feature_info[0]["reduction"])
 
 
-def _efficientformer_v2_grid(model: efficientformer_v2.EfficientFormerV2) -> tuple[tuple[int, int], int] | None:
-    """The grid of the attention downsampling (its stage's input) and the stride of the stage before it."""
+def _efficientformer_v2_size(model: efficientformer_v2.EfficientFormerV2) -> tuple[int, ...] | None:
+    """The grid of the attention downsampling (its stage's input) times the stride of the stage before it."""
     for path, module in model.named_modules():
         if isinstance(module, efficientformer_v2.Attention2dDownsample):  # stages.<i>.downsample.attn
-            stage = int(path.split(".")[1])
-            return module.resolution, model.feature_info[stage - 1]["reduction"]
+            return _times(module.resolution, model.feature_info[int(path.split(".")[1]) - 1]["reduction"])
     return None
 
 
-#: Models whose built size is in an attention grid only: class -> ``(grid, stride from the image)`` or None.
-GRID_SIZED: dict[type[nn.Module], Callable[[nn.Module], tuple[tuple[int, int], int] | None]] = {
-    levit.Levit: _levit_grid,
-    efficientformer_v2.EfficientFormerV2: _efficientformer_v2_grid,
+#: Models whose built size is only in a token grid: class -> the size, or None.
+GRID_SIZED: dict[type[nn.Module], Callable[[nn.Module], tuple[int, ...] | None]] = {
+    levit.Levit: _levit_size,
+    efficientformer_v2.EfficientFormerV2: _efficientformer_v2_size,
+    gcvit.GlobalContextVit: lambda model: _times(model.stages[0].feat_size, model.feature_info[0]["reduction"]),
+    hiera.Hiera: lambda model: _times(model.tokens_spatial_shape, model.patch_stride),
 }
