@@ -26,9 +26,10 @@ A model counts as switched only on evidence: after switching, ``set_attention`` 
 every softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a
 switched module, any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no
 switch, and any module of a class the tables below name (``HAND_SOFTMAX``: hand-computed softmax
-with no adapter; ``NOT_TOKEN_ATTENTION``) refuses the model with each module's path, class (``timm.models.beit.Attention``) and reason, and
-nothing is changed. ``strict=False`` (YAML: ``model.init_args.attention_strict: false``) switches what
-can be switched and logs one line naming what stays softmax.
+with no adapter; ``NOT_TOKEN_ATTENTION``) refuses the model with each module's path, class
+(``timm.models.beit.Attention``) and reason, and nothing is changed. ``strict=False`` (YAML:
+``model.init_args.attention_strict: false``) switches what can be switched and logs one line naming
+what stays softmax.
 
 To add a family:
 
@@ -263,9 +264,10 @@ def set_attention(
     To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
     ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
     ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
-    ``timm_adapters/<family>.py`` (and take ``cls`` off ``HAND_SOFTMAX``); add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
-    README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
-    docstring has the details. A Hugging Face ``transformers`` model goes to
+    ``timm_adapters/<family>.py`` (and take ``cls`` off ``HAND_SOFTMAX``); add a tiny build to
+    ``tests/attention/timm_families.py`` and rewrite the README's table
+    (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module docstring
+    has the details. A Hugging Face ``transformers`` model goes to
     :func:`polyattn_lightning.attention.hf.set_attention`.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported

@@ -236,7 +236,8 @@ def test_is_causal_with_other_key_count_keeps_sdpas_top_left_alignment(nq, nk):
     from polyattn_lightning.attention import attention
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 2, nq, 8, generator=g), torch.randn(2, 2, nk, 8, generator=g), torch.randn(2, 2, nk, 8, generator=g)
+    q = torch.randn(2, 2, nq, 8, generator=g)
+    k, v = torch.randn(2, 2, nk, 8, generator=g), torch.randn(2, 2, nk, 8, generator=g)
     module = CrossCausal()
     expected_softmax = module(q, k, v)
     with MaterializedSDPA("poly3"):

@@ -195,6 +195,7 @@ def test_hand_softmax_lists_only_classes_without_an_adapter_and_refuses_them_unp
     assert HAND_SOFTMAX and not set(HAND_SOFTMAX) & set(_ADAPTERS)
     torch.manual_seed(0)
     model = nn.Sequential(Attention(16, num_heads=2), NonLocalAttn(16))
-    with pytest.raises(AttentionRefused, match=r"1 \(timm\.layers\.non_local_attn\.NonLocalAttn\): computes softmax by hand"):
+    refusal = r"1 \(timm\.layers\.non_local_attn\.NonLocalAttn\): computes softmax by hand"
+    with pytest.raises(AttentionRefused, match=refusal):
         set_attention(model, "poly3", probe=False)
     assert type(model[0]) is Attention
