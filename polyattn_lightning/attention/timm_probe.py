@@ -15,6 +15,7 @@ import timm.models.efficientformer_v2 as efficientformer_v2
 import timm.models.gcvit as gcvit
 import timm.models.hiera as hiera
 import timm.models.levit as levit
+import timm.models.mvitv2 as mvitv2
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -134,10 +135,16 @@ def _efficientformer_v2_size(model: efficientformer_v2.EfficientFormerV2) -> tup
     return None
 
 
+def _first_stage_size(model: nn.Module) -> tuple[int, ...]:
+    """The first stage's feature grid (``feat_size``) times its stride (``feature_info``): GCViT, MViTv2."""
+    return _times(model.stages[0].feat_size, model.feature_info[0]["reduction"])
+
+
 #: Models whose built size is only in a token grid: class -> the size, or None.
 GRID_SIZED: dict[type[nn.Module], Callable[[nn.Module], tuple[int, ...] | None]] = {
     levit.Levit: _levit_size,
     efficientformer_v2.EfficientFormerV2: _efficientformer_v2_size,
-    gcvit.GlobalContextVit: lambda model: _times(model.stages[0].feat_size, model.feature_info[0]["reduction"]),
+    gcvit.GlobalContextVit: _first_stage_size,
+    mvitv2.MultiScaleVit: _first_stage_size,
     hiera.Hiera: lambda model: _times(model.tokens_spatial_shape, model.patch_stride),
 }

@@ -379,7 +379,7 @@ def test_convit_positional_softmax_is_named_not_refused(caplog):
     assert "blocks.0.attn" in caplog.text and "positional map stays softmax by decision" in caplog.text
 
 
-@pytest.mark.parametrize("family", ["levit", "levit_conv", "efficientformer_v2", "tnt", "gcvit", "hiera"])
+@pytest.mark.parametrize("family", ["levit", "levit_conv", "efficientformer_v2", "tnt", "gcvit", "mvitv2", "hiera"])
 def test_derived_probe_runs_at_the_size_the_model_was_built_for(family, caplog):
     """Built at another size than timm's default (224), these keep it only in a token grid or in a pixel
     embedding: the probe finds it there, so ``set_attention`` probes (strictly) without falling back.
