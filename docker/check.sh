@@ -65,6 +65,8 @@ echo "image size: $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%
 
 # CPU runs: few steps, no progress bar, deterministic (the bitwise comparison needs it)
 cpu=(--trainer.accelerator cpu --trainer.enable_progress_bar false --trainer.deterministic true)
+# two processes share the host's cores: one intra-op thread each, else their thread pools spin-wait on each other
+one_thread=(-e OMP_NUM_THREADS=1)
 
 step "quickstart, --network none, as the image's user"
 user=$(docker run --rm --network none --entrypoint id "$tag" -u)
@@ -84,7 +86,7 @@ echo "run folder on the host: $(dirname "$(dirname "$last")") (owner uid $(stat 
 step "2-process DDP in one container (--ipc=host)"
 out=$(folder ddp)
 # without a network the container's host name does not resolve: rendezvous and gloo on the loopback device
-docker run --rm --network none --ipc=host -e GLOO_SOCKET_IFNAME=lo -v "$out:/workspace/runs" --entrypoint torchrun "$tag" \
+docker run --rm --network none --ipc=host "${one_thread[@]}" -e GLOO_SOCKET_IFNAME=lo -v "$out:/workspace/runs" --entrypoint torchrun "$tag" \
     --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port 29500 -m polyattn_lightning fit --config configs/classification/quickstart.yaml \
     "${cpu[@]}" --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 2
 find "$out" -name last.ckpt | grep -q . || { echo "the DDP job wrote no last.ckpt"; exit 1; }
@@ -95,7 +97,7 @@ two_nodes() {  # two_nodes RUN_FOLDER DETACH [fit arguments...]: both nodes' con
     local out=$1 detach=$2 node pids=()
     shift 2
     for node in 0 1; do
-        docker run --rm ${detach:+-d} --name "$net-node$node" --network "$net" --ipc=host -e GLOO_SOCKET_IFNAME=eth0 \
+        docker run --rm ${detach:+-d} --name "$net-node$node" --network "$net" --ipc=host "${one_thread[@]}" -e GLOO_SOCKET_IFNAME=eth0 \
             -v "$out:/workspace/runs" --entrypoint torchrun "$tag" \
             --nnodes 2 --nproc_per_node 1 --node_rank "$node" --rdzv_backend c10d --rdzv_id check \
             --rdzv_endpoint "$net-node0:29500" \

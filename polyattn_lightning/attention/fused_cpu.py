@@ -41,6 +41,8 @@ the blocked kernel runs instead.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -89,6 +91,33 @@ def key_lengths(allowed: Tensor | None, batch: int, nk: int) -> tuple[Tensor | N
     return lengths.expand(batch).contiguous(), None if prefix else allowed
 
 
+def cpu_autocast_off():
+    """Autocast off for the kernels' fp32 operands; a no-op context when it is off already (the common case:
+    entering ``torch.autocast`` costs about as much as a decoding step's kernel call)."""
+    return torch.autocast("cpu", enabled=False) if torch.is_autocast_enabled("cpu") else nullcontext()
+
+
+def fused_forward(q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
+                  causal: int | None) -> tuple[Tensor, tuple, tuple]:
+    """The forward of :class:`FusedCPUAttention`: ``(out, tensors the backward needs, its metadata)``."""
+    shape4 = (*q.shape[:3], k.shape[-2])
+    dtype = compute_dtype(q)
+    form, power = act.fused_form
+    with cpu_autocast_off():
+        row_scale, row_shift = act.per_row(n, shape4, dtype, shift=act.shift is not None)
+        if dropout_p:
+            row_scale = row_scale / (1.0 - dropout_p)
+        q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
+        bias4 = None if bias is None else as_4d(bias.detach().to(dtype)).contiguous()
+        strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
+        rng = (dropout_p, seed, 0)  # (p, seed, offset)
+        out = torch.ops.polyattn_cpu.forward(
+            q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK, causal,
+        )
+    meta = (shape4, t, act, None if bias is None else bias4.shape, rng, causal)
+    return out.view(*shape4[:3], -1).to(v.dtype), (q3, k3, v3, row_scale, row_shift, *strided, lengths), meta
+
+
 class FusedCPUAttention(torch.autograd.Function):
     """``out = c(n) * dropout(mask(f(S + b(n) + bias))) @ v``; forward and backward in C++.
 
@@ -101,26 +130,11 @@ class FusedCPUAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
                 causal: int | None):
-        shape4 = (*q.shape[:3], k.shape[-2])
-        dtype = compute_dtype(q)
-        form, power = act.fused_form
-        with torch.autocast("cpu", enabled=False):
-            row_scale, row_shift = act.per_row(n, shape4, dtype)
-            if dropout_p:
-                row_scale = row_scale / (1.0 - dropout_p)
-            row_shift = row_shift if act.shift else None
-            q3, k3, v3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype), flatten_heads(v, dtype)
-            bias4 = None if bias is None else as_4d(bias.detach().to(dtype)).contiguous()
-            strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
-            rng = (dropout_p, seed, 0)  # (p, seed, offset)
-            out = torch.ops.polyattn_cpu.forward(
-                q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK,
-                causal,
-            )
-        ctx.save_for_backward(q3, k3, v3, row_scale, row_shift, *strided, lengths)
-        ctx.meta = (shape4, t, act, None if bias is None else bias4.shape, rng, causal)
+        out, saved, meta = fused_forward(q, k, v, bias, act, t, allowed, lengths, n, dropout_p, seed, causal)
+        ctx.save_for_backward(*saved)
+        ctx.meta = meta
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
-        return out.view(*shape4[:3], -1).to(v.dtype)
+        return out
 
     @staticmethod
     @once_differentiable
@@ -129,7 +143,7 @@ class FusedCPUAttention(torch.autograd.Function):
         shape4, t, act, bias_shape, rng, causal = ctx.meta
         form, power = act.fused_form
         want_bias = bias is not None and ctx.needs_input_grad[3]
-        with torch.autocast("cpu", enabled=False):
+        with cpu_autocast_off():
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
                 q3, k3, v3, dout, row_shift, bias, mask, lengths, want_bias, shape4[1], form, power, *rng,
@@ -161,4 +175,7 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
         raise RuntimeError("the fused_cpu kernel could not be built on this machine (see the warning above)")
     lengths, allowed = key_lengths(allowed, q.shape[0], k.shape[-2])
     seed = draw_seed() if dropout_p else 0
-    return FusedCPUAttention.apply(q, k, v, bias, act, t, allowed, lengths, n, float(dropout_p), seed, causal)
+    args = (q, k, v, bias, act, t, allowed, lengths, n, float(dropout_p), seed, causal)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, bias)):
+        return FusedCPUAttention.apply(*args)
+    return fused_forward(*args)[0]  # inference (decoding with a KV cache): no autograd node to build

@@ -100,12 +100,15 @@ class Activation:
             return None
         return FUSED_FORMS[self.kernel[0]], (self.kernel[1] if self.kernel[0] == "poly" else 1)
 
-    def per_row(self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """``(c(n), b(n))`` as contiguous ``(B*H, Nq)`` tensors, the fused kernels' layout."""
+    def per_row(self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype,
+                shift: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``(c(n), b(n))`` as contiguous ``(B*H, Nq)`` tensors, the fused kernels' layout; ``b(n)`` is None
+        when ``shift`` is False (a kernel that takes no shift for an activation without one)."""
         batch, heads, nq, _ = shape4
         n = n.to(dtype)
-        return tuple(x.expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
-                     for x in (self.row_scale(n), self.row_shift(n)))
+        rows = (self.row_scale(n), self.row_shift(n) if shift else None)
+        return tuple(None if x is None else x.expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
+                     for x in rows)
 
     def __call__(self, scores: Tensor, n: Tensor | float) -> Tensor:
         """``phi(S)`` on materialised scores; ``n`` broadcasts against ``scores``."""

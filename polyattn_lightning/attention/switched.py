@@ -11,7 +11,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from .functional import attention
-from .masks import keys_per_row, normalize_masks
+from .masks import causal_mask, keys_per_row, normalize_masks
 from .registry import Activation, ActivationSpec, describe, get_activation
 
 
@@ -70,17 +70,24 @@ class SwitchedAttention(nn.Module):
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, temperature: float, *, dropout_p: float | None = None,
-        **masks: Tensor | None,
+        is_causal: bool = False, **masks: Tensor | None,
     ) -> Tensor:
-        """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias``/``key_padding_mask`` as
-        ``attention()`` takes them (padding as ``key_padding_mask`` keeps poly1's linear-time form and the
-        fused kernels' padding skip, which a dense ``attn_mask`` would cost). ``dropout_p`` defaults to
-        the module's ``attn_drop`` in training mode (the generic switch passes what timm gave SDPA)."""
+        """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias``/``key_padding_mask`` and
+        ``is_causal`` is bottom-right, as ``attention()`` takes them (padding as ``key_padding_mask`` keeps
+        poly1's linear-time form and the fused kernels' padding skip, which a dense ``attn_mask`` would cost;
+        ``is_causal`` their skip of the tiles above the diagonal). ``dropout_p`` defaults to the module's
+        ``attn_drop`` in training mode (the generic switch passes what timm gave SDPA)."""
         if self.capture is not None:
-            self.capture(self, AttentionInputs(q, k, v, temperature, **masks))
+            seen = masks
+            if is_causal:  # the contract has no is_causal: the capture sees the causal (bool) mask written out
+                causal = causal_mask(q.shape[-2], k.shape[-2], q.device)
+                seen = {**masks, "attn_mask": causal if masks.get("attn_mask") is None else masks["attn_mask"] & causal}
+            self.capture(self, AttentionInputs(q, k, v, temperature, **seen))
         if dropout_p is None:
             dropout_p = self.attn_drop.p if self.training else 0.0
-        return attention(q, k, v, self.activation_spec, temperature=temperature, dropout_p=dropout_p, **masks)
+        return attention(
+            q, k, v, self.activation_spec, temperature=temperature, dropout_p=dropout_p, is_causal=is_causal, **masks
+        )
 
     def extra_repr(self) -> str:
         return f"activation={describe(self.activation)}"

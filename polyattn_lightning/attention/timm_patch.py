@@ -22,12 +22,14 @@ module what switches):
   (``AttentionPoolLatent``...) stay softmax by decision and are named in a log line.
 
 A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward
-(one random image at the model's input size) under a ``TorchFunctionMode`` that records every
-softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a switched
-module, and any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no switch,
-refuses the model with each module's path, class (``timm.models.beit.Attention``) and reason, and
-nothing is changed. ``strict=False`` (YAML: ``model.init_args.attention_strict: false``) switches what
-can be switched and logs one line naming what stays softmax.
+(one random image at the size the model was built for) under a ``TorchFunctionMode`` that records
+every softmax and SDPA call (:mod:`~polyattn_lightning.attention.timm_probe`); any call outside a
+switched module, any module with timm's ``fused_attn`` flag (its mark on SDPA attention) but no
+switch, and any module of a class the tables below name (``HAND_SOFTMAX``: hand-computed softmax
+with no adapter; ``NOT_TOKEN_ATTENTION``) refuses the model with each module's path, class
+(``timm.models.beit.Attention``) and reason, and nothing is changed. ``strict=False`` (YAML:
+``model.init_args.attention_strict: false``) switches what can be switched and logs one line naming
+what stays softmax.
 
 To add a family:
 
@@ -37,7 +39,8 @@ To add a family:
    ``timm_sdpa.REVIEWED``; add its tiny constructor to ``tests/attention/timm_families.py``.
 2. timm computes softmax by hand: write the smallest subclass of the timm class with
    :class:`SwitchedAttention` whose ``forward`` keeps timm's steps and calls ``self._attend`` where
-   the softmax was, decorate it with ``@_adapts(TimmClass)`` and put it in ``timm_adapters/<family>.py``.
+   the softmax was, decorate it with ``@_adapts(TimmClass)``, put it in ``timm_adapters/<family>.py``
+   and take the class off ``HAND_SOFTMAX``.
 3. Regenerate the support table: ``python -m polyattn_lightning.attention.timm_support --write README.md``.
 
 Diagnostics: each switched module has ``activation`` (the resolved
@@ -66,8 +69,10 @@ nothing of its own:
   twice); it must not change the tensors;
 * the token layout is read from shapes: keys ``(B, H, Nk, d)`` with ``Nk`` a few
   prefix tokens plus a patch grid of the image's aspect ratio (ViT/DeiT, class
-  attention, detection backbones), ``B * windows`` rows for Swin windows, token
-  sequences for text; XCiT's :class:`XCiTAttention` attends over channels.
+  attention, detection backbones), ``B * windows`` rows for Swin windows and
+  MaxViT's windows and grids, token sequences for text; the channel attentions
+  (XCiT's ``XCA``, DaViT's and EdgeNeXt's) attend over channels: ``Nk`` is a
+  head's channels (``callbacks.attention_maps.CHANNEL_ATTENTION`` names them).
 """
 from __future__ import annotations
 
@@ -78,37 +83,23 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import timm.layers.attention2d as attention2d
 import timm.layers.attention_pool as attention_pool
 import timm.layers.attention_pool2d as attention_pool2d
 import timm.layers.global_context as global_context
 import timm.layers.lambda_layer as lambda_layer
+import timm.layers.non_local_attn as non_local_attn
 import timm.layers.other_pool as other_pool
 import timm.layers.selective_kernel as selective_kernel
 import timm.layers.split_attn as split_attn
-import timm.models.cait as cait
 import timm.models.coat as coat
-import timm.models.convit as convit
-import timm.models.crossvit as crossvit
-import timm.models.davit as davit
-import timm.models.edgenext as edgenext
-import timm.models.efficientformer as efficientformer
-import timm.models.efficientformer_v2 as efficientformer_v2
 import timm.models.efficientvim as efficientvim
 import timm.models.efficientvit_mit as efficientvit_mit
-import timm.models.efficientvit_msra as efficientvit_msra
-import timm.models.gcvit as gcvit
-import timm.models.levit as levit
 import timm.models.mobilevit as mobilevit
 import timm.models.mvitv2 as mvitv2
-import timm.models.shvit as shvit
 import timm.models.swiftformer as swiftformer
-import timm.models.swin_transformer_v2 as swin_transformer_v2
-import timm.models.swin_transformer_v2_cr as swin_transformer_v2_cr
-import timm.models.tnt as tnt
 import timm.models.volo as volo
-from timm.layers import Attention
 from timm.models.cait import ClassAttn
-from timm.models.csatv2 import SpatialTransformerBlock as CsatSpatialBlock  # timm.models.csatv2 is also a model function
 from timm.models.swin_transformer import WindowAttention
 from timm.models.xcit import XCA
 from torch import Tensor, nn
@@ -138,8 +129,8 @@ class SwinWindowAttention(SwitchedAttention, WindowAttention):
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, -1)))
 
 
-#: The generic switches of the classes the first version of this file had adapters for (same outputs).
-ViTAttention = GENERIC[Attention]
+#: The generic switches of XCiT's channel attention and of CaiT/XCiT class attention, by name: the attention-map
+#: callback tells the channel maps apart by class.
 XCiTAttention = GENERIC[XCA]
 ClassAttention = GENERIC[ClassAttn]
 
@@ -174,16 +165,11 @@ POOLING_HEADS: tuple[type[nn.Module], ...] = (
     other_pool.SimPool1d, other_pool.SimPool2d,
 )
 
-#: timm classes that compute softmax attention by hand (no ``fused_attn`` flag); refused until an adapter
-#: in ``timm_adapters`` registers for them (the probe finds them too; this list also covers a module no
-#: probe forward can run).
+#: timm classes that compute softmax attention by hand and have no adapter in ``timm_adapters`` (its package
+#: docstring says why): refused by class, so also where no probe forward runs. A class that gets an adapter
+#: leaves this list (``tests/attention/test_timm_refusals.py`` checks that none is on both).
 HAND_SOFTMAX: tuple[type[nn.Module], ...] = (
-    cait.TalkingHeadAttn, swin_transformer_v2.WindowAttention, swin_transformer_v2_cr.WindowMultiHeadAttention,
-    efficientformer.Attention, efficientformer_v2.Attention2d, efficientformer_v2.Attention2dDownsample,
-    mvitv2.MultiScaleAttention, mvitv2.MultiScaleAttentionPoolFirst, levit.Attention, levit.AttentionDownsample,
-    efficientvit_msra.CascadedGroupAttention, convit.GPSA, convit.MHSA, gcvit.WindowAttentionGlobal, tnt.Attention,
-    crossvit.CrossAttention, CsatSpatialBlock, davit.ChannelAttention, davit.ChannelAttentionV2,
-    edgenext.CrossCovarianceAttn, shvit.SHSA, volo.ClassAttention,
+    mvitv2.MultiScaleAttentionPoolFirst, non_local_attn.NonLocalAttn, attention2d.MultiQueryAttentionV2,
 )
 
 
@@ -274,10 +260,11 @@ def set_attention(
             keep softmax, attention pooling heads aside; False switches the rest and logs one line naming what
             stays softmax. With nothing to switch it always refuses. An HF model is always switched whole.
         probe: the forward that shows what still computes softmax after the switch (a callable running one
-            forward of ``model``); None makes one from the model's input size (:func:`image_probe`), skipped
-            where the model states none (a bare block: then only the class tables count); False skips it.
-            An HF model also takes a mapping of its keyword arguments (``{"input_ids": ..., "attention_mask":
-            ...}``), and is always probed (None: a few token ids or one blank image).
+            forward of ``model``); None makes one at the image size the model was built for
+            (:func:`image_probe`), skipped where it keeps none (a bare block: then only the class tables
+            count); False skips it. An HF model also takes a mapping of its keyword arguments
+            (``{"input_ids": ..., "attention_mask": ...}``), and is always probed (None: a few token ids or
+            one blank image).
         calibrate: HF models only: fold a temperature per head into the query weights so that each layer starts
             nearest to its softmax output on the probe's inputs (for fine-tuning a pretrained softmax model;
             :mod:`~polyattn_lightning.attention.hf_calibration`).
@@ -285,9 +272,10 @@ def set_attention(
     To add a timm family: if it calls SDPA and no other softmax, add ``Reviewed(cls, mask_kinds)`` to
     ``timm_sdpa.REVIEWED`` after reading its forward; if it computes softmax by hand, write the smallest
     ``SwitchedAttention`` subclass calling ``self._attend`` with ``@_adapts(cls)`` in
-    ``timm_adapters/<family>.py``; add a tiny build to ``tests/attention/timm_families.py`` and rewrite the
-    README's table (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module
-    docstring has the details.
+    ``timm_adapters/<family>.py`` (and take ``cls`` off ``HAND_SOFTMAX``); add a tiny build to
+    ``tests/attention/timm_families.py`` and rewrite the README's table
+    (``python -m polyattn_lightning.attention.timm_support --write README.md``). The module docstring
+    has the details.
     """
     hf_models = sys.modules.get("transformers.modeling_utils")  # an HF model exists only once this is imported
     if hf_models is not None and isinstance(model, hf_models.PreTrainedModel):

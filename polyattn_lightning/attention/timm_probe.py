@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import timm.models.efficientformer_v2 as efficientformer_v2
+import timm.models.gcvit as gcvit
+import timm.models.hiera as hiera
+import timm.models.levit as levit
+import timm.models.mvitv2 as mvitv2
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -69,19 +74,16 @@ def softmax_calls(model: nn.Module, run: Callable[[], object]) -> list[SoftmaxCa
 
 def image_probe(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Callable[[], object] | None:
     """A no-grad forward of one random image at ``img_size`` or the model's own input size, or None when it
-    states none.
+    has none.
 
-    The size is ``img_size``, else the patch embedding's ``img_size`` (what a ViT-like model was built
-    for), else the model's ``img_size``, else timm's ``pretrained_cfg['input_size']``; the image comes
-    from a private generator, so the global RNG is untouched.
+    The size is ``img_size``, else the one the model was built for (:func:`built_size`), else timm's
+    ``pretrained_cfg['input_size']``; the image comes from a private generator, so the global RNG is untouched.
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
     channels, *size = cfg.get("input_size", (3, None, None))
-    for owner in (None, getattr(model, "patch_embed", None), model):
-        given = img_size if owner is None else getattr(owner, "img_size", None)
-        if given is not None:
-            size = [given, given] if isinstance(given, int) else list(given)
-            break
+    given = img_size if img_size is not None else built_size(model)
+    if given is not None:
+        size = [given, given] if isinstance(given, int) else list(given)
     if None in size or not size:
         return None
     parameter = next(model.parameters(), None)
@@ -94,3 +96,55 @@ def image_probe(model: nn.Module, img_size: int | tuple[int, int] | None = None)
             return model(image)
 
     return run
+
+
+def built_size(model: nn.Module) -> int | tuple[int, ...] | None:
+    """The image size ``model`` was built for, or None where it keeps none.
+
+    The ``img_size`` of its patch embedding (a ViT-like model's), of the model, or of TNT's pixel embedding;
+    else, for the models that keep it only as a token grid (the one their attention biases, windows or
+    position embeddings were sized for), that grid times its stride from the image (:data:`GRID_SIZED`):
+    an image of that size gives the same grid through timm's floor and ceiling divisions.
+    """
+    for owner in (getattr(model, "patch_embed", None), model, getattr(model, "pixel_embed", None)):
+        size = getattr(owner, "img_size", None)
+        if size is not None:
+            return size
+    for cls, grid_size in GRID_SIZED.items():
+        if isinstance(model, cls):
+            return grid_size(model)
+    return None
+
+
+def _times(grid, stride) -> tuple[int, ...]:
+    strides = stride if isinstance(stride, (tuple, list)) else [stride] * len(grid)
+    return tuple(side * step for side, step in zip(grid, strides))
+
+
+def _levit_size(model: levit.Levit) -> tuple[int, ...] | None:
+    """The first stage's attention grid (no downsampling before it) times the stem's stride."""
+    grid = next((m.resolution for m in model.modules() if isinstance(m, levit.Attention)), None)
+    return None if grid is None else _times(grid, model.feature_info[0]["reduction"])
+
+
+def _efficientformer_v2_size(model: efficientformer_v2.EfficientFormerV2) -> tuple[int, ...] | None:
+    """The grid of the attention downsampling (its stage's input) times the stride of the stage before it."""
+    for path, module in model.named_modules():
+        if isinstance(module, efficientformer_v2.Attention2dDownsample):  # stages.<i>.downsample.attn
+            return _times(module.resolution, model.feature_info[int(path.split(".")[1]) - 1]["reduction"])
+    return None
+
+
+def _first_stage_size(model: nn.Module) -> tuple[int, ...]:
+    """The first stage's feature grid (``feat_size``) times its stride (``feature_info``): GCViT, MViTv2."""
+    return _times(model.stages[0].feat_size, model.feature_info[0]["reduction"])
+
+
+#: Models whose built size is only in a token grid: class -> the size, or None.
+GRID_SIZED: dict[type[nn.Module], Callable[[nn.Module], tuple[int, ...] | None]] = {
+    levit.Levit: _levit_size,
+    efficientformer_v2.EfficientFormerV2: _efficientformer_v2_size,
+    gcvit.GlobalContextVit: _first_stage_size,
+    mvitv2.MultiScaleVit: _first_stage_size,
+    hiera.Hiera: lambda model: _times(model.tokens_spatial_shape, model.patch_stride),
+}

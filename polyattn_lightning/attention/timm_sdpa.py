@@ -12,8 +12,12 @@ the hand-written softmax path, and ``TIMM_FUSED_ATTN=0`` turns it off everywhere
 :func:`_sdpa` maps SDPA's arguments onto ``attention()``'s without a data-dependent branch (no host
 sync, no ``torch.compile`` graph break): a bool mask is ``attn_mask``; a float mask ``m`` is split into
 a score bias ``m.masked_fill(m <= finfo.min / 2, 0)`` and ``allowed = m > finfo.min / 2`` (``-inf``
-included), each only where the reviewed list says the class passes that kind; ``is_causal`` becomes
-a lower-triangular bool mask; ``scale`` is the temperature (default ``d ** -0.5``).
+included), each only where the reviewed list says the class passes that kind; a class that passes only
+a bias hands ``m`` over as ``attn_bias`` untouched (the review found no sentinel in it, so no pass over
+it looks for one). ``is_causal`` is SDPA's, top-left (query ``i`` keeps keys ``0 .. i``): it goes to
+``attention()``'s own ``is_causal`` where that means the same (``Nq == Nk``, every timm class that
+passes it), so the kernels skip the tiles above the diagonal, and becomes a lower-triangular bool mask
+otherwise. ``scale`` is the temperature (default ``d ** -0.5``).
 
 :data:`REVIEWED` is the list: the class, the timm versions its forward was read for, and the mask
 kinds it hands SDPA. A class is on it only if its SDPA call *is* its attention: a float mask that
@@ -74,7 +78,7 @@ class Reviewed:
     """One class of the generic switch: what its forward hands SDPA, as read in timm's source."""
 
     cls: type[nn.Module]
-    masks: frozenset[str] = frozenset()  # empty: it never passes attn_mask (nor is_causal)
+    masks: frozenset[str] = frozenset()  # empty: it never passes attn_mask (is_causal means SDPA's: no kinds)
     versions: str = TIMM_REVIEWED
     note: str = ""
 
@@ -142,10 +146,14 @@ def _sdpa(
     """``F.scaled_dot_product_attention``'s signature and meaning, computed by the running module's activation."""
     module = _RUNNING[-1]
     kinds = module._sdpa_masks
+    causal = False
     if is_causal:
         if attn_mask is not None:
             raise ValueError("scaled_dot_product_attention: attn_mask and is_causal cannot both be set")
-        attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        if query.shape[-2] == key.shape[-2]:
+            causal = True  # attention()'s bottom-right is_causal is SDPA's top-left one when Nq == Nk
+        else:  # SDPA keeps keys 0 .. i for query i: written out where the alignments differ
+            attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
     elif attn_mask is not None:
         kind = "bool" if attn_mask.dtype == torch.bool else "float"
         if not (kinds & ({"bool"} if kind == "bool" else {"bias", "sentinel"})):
@@ -161,17 +169,19 @@ def _sdpa(
         value = value.expand(*query.shape[:-2], *value.shape[-2:])
     masks = {}
     if attn_mask is not None and attn_mask.dtype != torch.bool:
-        masked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2  # -inf and finfo.min alike
-        if "bias" in kinds:
-            masks["attn_bias"] = attn_mask.masked_fill(masked, 0.0)
-        if "sentinel" in kinds:
+        if "sentinel" not in kinds:  # a pure score bias (reviewed): no sentinel to find, no extra pass over it
+            masks["attn_bias"] = attn_mask
+        else:
+            masked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2  # -inf and finfo.min alike
+            if "bias" in kinds:
+                masks["attn_bias"] = attn_mask.masked_fill(masked, 0.0)
             masks["attn_mask"] = ~masked
     elif attn_mask is not None:
         masks["attn_mask"] = attn_mask
     temperature = query.shape[-1] ** -0.5 if scale is None else scale
     shape = query.shape
     (q, k, v), masks = _as_4d((query, key, value), masks)
-    out = module._attend(q, k, v, temperature, dropout_p=dropout_p, **masks)
+    out = module._attend(q, k, v, temperature, dropout_p=dropout_p, is_causal=causal, **masks)
     return _from_4d(out, shape)
 
 

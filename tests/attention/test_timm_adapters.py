@@ -28,9 +28,11 @@ from polyattn_lightning.attention.timm_patch import (
     attention_map,
     set_attention,
 )
+from polyattn_lightning.attention.timm_probe import built_size
 from polyattn_lightning.callbacks import AttentionNorms
 from polyattn_lightning.callbacks.attention_maps import CHANNEL_ATTENTION, collect_maps
 
+import timm_families
 from attention_reference import FORMULAS
 
 NUM_CLASSES = 5
@@ -375,3 +377,19 @@ def test_convit_positional_softmax_is_named_not_refused(caplog):
     with caplog.at_level("INFO", logger="polyattn_lightning.attention.timm_patch"):
         assert switch(model, "poly3", x) == 3
     assert "blocks.0.attn" in caplog.text and "positional map stays softmax by decision" in caplog.text
+
+
+@pytest.mark.parametrize("family", ["levit", "levit_conv", "efficientformer_v2", "tnt", "gcvit", "mvitv2", "hiera"])
+def test_derived_probe_runs_at_the_size_the_model_was_built_for(family, caplog):
+    """Built at another size than timm's default (224), these keep it only in a token grid or in a pixel
+    embedding: the probe finds it there, so ``set_attention`` probes (strictly) without falling back.
+    (Hiera is a generic family: its tiny build is ``timm_families``'.)"""
+    if family in FAMILIES:
+        model, size = make(family, randomize=False), FAMILIES[family][1][2:]
+    else:
+        model, size = timm_families.make(family), tuple(timm_families.images(family).shape[2:])
+    assert tuple(built_size(model)) == size != (224, 224)
+    expected = sum(type(m) in _ADAPTERS for m in model.modules())
+    with caplog.at_level("WARNING", logger="polyattn_lightning.attention.timm_patch"):
+        assert set_attention(model, "poly3") == expected > 0
+    assert "probe forward" not in caplog.text

@@ -10,13 +10,18 @@ import inspect
 
 import pytest
 import timm
+import timm.layers.diff_attention
+import timm.models.eva
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from polyattn_lightning.attention.timm_patch import attention_modules, set_attention
 from polyattn_lightning.attention.timm_probe import softmax_calls
-from polyattn_lightning.attention.timm_sdpa import GENERIC, REVIEWED
+from polyattn_lightning.attention.timm_sdpa import GENERIC, REVIEWED, Reviewed, _generic_adapter
 from timm_families import FAMILIES, images, make
-from timm_reference import reference_forward
+from timm_reference import MaterializedSDPA, reference_forward
 
 
 def switch(model, activation, x):
@@ -160,3 +165,87 @@ def test_attention_maps_are_drawn_for_new_layouts(family):
     assert len(maps) == len(attention_modules(model))
     for layer_maps in maps:
         assert torch.isfinite(layer_maps.heat).all() and layer_maps.heat.dim() == 3
+
+
+class Called(TorchFunctionMode):
+    """The names of the torch functions called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+#: The reviewed self-attention classes whose forward passes ``is_causal`` on to SDPA.
+CAUSAL_MODULES = {
+    "vit": lambda: timm.layers.Attention(16, num_heads=2, qkv_bias=True),
+    "eva": lambda: timm.models.eva.EvaAttention(16, num_heads=2, num_prefix_tokens=0, scale_norm=False),
+    "diff": lambda: timm.layers.diff_attention.DiffAttention(16, num_heads=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL_MODULES))
+def test_is_causal_is_timms_and_the_materialized_references(name):
+    """Softmax gives timm's own causal outputs; poly3 SDPA's top-left causal map, materialized; what ``capture``
+    sees (the causal mask written out) gives the same."""
+    from polyattn_lightning.attention import attention
+    from polyattn_lightning.attention.timm_patch import attention_map
+
+    torch.manual_seed(0)
+    module = CAUSAL_MODULES[name]().eval()
+    module.fused_attn = True
+    x = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected_softmax = module(x, is_causal=True)
+        mode = MaterializedSDPA("poly3")
+        with mode:
+            expected_poly3 = module(x, is_causal=True)
+        assert mode.calls > 0
+        set_attention(module, "softmax")
+        assert torch.allclose(module(x, is_causal=True), expected_softmax, atol=1e-6)
+        set_attention(module, "poly3")
+        with Called() as called:  # attention()'s is_causal: the kernel skips the upper tiles, no mask is built
+            assert torch.allclose(module(x, is_causal=True), expected_poly3, atol=1e-5)
+        assert "tril" not in called.names and "triu" not in called.names
+        captured = []
+        module.capture = lambda module, inputs: captured.append(inputs)
+        module(x, is_causal=True)
+    for inputs in captured:
+        n = inputs.q.shape[-2]
+        assert torch.equal(inputs.attn_mask, torch.ones(n, n, dtype=torch.bool).tril())
+        out = attention(inputs.q, inputs.k, inputs.v, "poly3", temperature=inputs.temperature, is_causal=True)
+        assert torch.allclose(attention_map(inputs, "poly3") @ inputs.v, out, atol=1e-5)
+
+
+class CrossCausal(nn.Module):
+    """SDPA with ``is_causal`` and ``Nq != Nk``: no reviewed timm class does this, the shim still must keep
+    SDPA's top-left meaning (query ``i`` keeps keys ``0 .. i``), where ``attention()``'s is bottom-right."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+SwitchedCrossCausal = _generic_adapter(Reviewed(CrossCausal))  # the generic switch, built as for a reviewed class
+
+
+@pytest.mark.parametrize("nq, nk", [(3, 6), (6, 3)])
+def test_is_causal_with_other_key_count_keeps_sdpas_top_left_alignment(nq, nk):
+    from polyattn_lightning.attention import attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, nq, 8, generator=g)
+    k, v = torch.randn(2, 2, nk, 8, generator=g), torch.randn(2, 2, nk, 8, generator=g)
+    module = CrossCausal()
+    expected_softmax = module(q, k, v)
+    with MaterializedSDPA("poly3"):
+        expected_poly3 = module(q, k, v)
+    module.__class__ = SwitchedCrossCausal
+    module.capture = None
+    for activation, expected in (("softmax", expected_softmax), ("poly3", expected_poly3)):
+        module.activation_spec = activation
+        assert torch.allclose(module(q, k, v), expected, atol=1e-5), activation
+    bottom_right = attention(q, k, v, "poly3", is_causal=True)
+    assert not torch.allclose(bottom_right, expected_poly3, atol=1e-3)  # the alignments differ: the test can tell

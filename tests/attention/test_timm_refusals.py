@@ -12,6 +12,7 @@ import pytest
 import timm
 import torch
 from timm.layers import Attention
+from timm.layers.non_local_attn import NonLocalAttn
 from timm.layers.split_attn import SplitAttn
 from timm.models.coat import ConvRelPosEnc, FactorAttnConvRelPosEnc
 from timm.models.crossvit import CrossAttention
@@ -24,7 +25,13 @@ from timm.models.volo import OutlookAttention
 from torch import nn
 
 from polyattn_lightning.attention.switched import _ADAPTERS
-from polyattn_lightning.attention.timm_patch import AttentionRefused, SwitchedAttention, set_attention
+from polyattn_lightning.attention.timm_patch import (
+    HAND_SOFTMAX,
+    AttentionRefused,
+    SwitchedAttention,
+    _load_adapters,
+    set_attention,
+)
 from polyattn_lightning.attention.timm_probe import softmax_calls
 from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.tasks.classification import ClassificationModule
@@ -180,3 +187,15 @@ def test_a_mask_kind_off_the_reviewed_list_is_an_error():
     cos, sin = torch.ones(1, 4, 8), torch.zeros(1, 4, 8)
     with pytest.raises(TypeError, match="bool attn_mask.*review the class again"):
         module(x, cos, sin, attn_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+
+
+def test_hand_softmax_lists_only_classes_without_an_adapter_and_refuses_them_unprobed():
+    """An adapted class is switched before the table is read, so an entry for it would be stale."""
+    _load_adapters()
+    assert HAND_SOFTMAX and not set(HAND_SOFTMAX) & set(_ADAPTERS)
+    torch.manual_seed(0)
+    model = nn.Sequential(Attention(16, num_heads=2), NonLocalAttn(16))
+    refusal = r"1 \(timm\.layers\.non_local_attn\.NonLocalAttn\): computes softmax by hand"
+    with pytest.raises(AttentionRefused, match=refusal):
+        set_attention(model, "poly3", probe=False)
+    assert type(model[0]) is Attention

@@ -132,7 +132,7 @@ def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
     assert (trainer.num_devices, trainer.num_nodes) == (8, 2)
     assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._timeout == timedelta(minutes=5)
     assert any(type(callback).__name__ == "SlurmPreemption" for callback in trainer.callbacks)
-    assert trainer.logger.version == "slurm-42"
+    assert trainer.logger.log_dir == "runs/classification/quickstart/slurm-42"  # where the resume below looks
 
 
 @pytest.mark.slow
@@ -168,11 +168,11 @@ def test_slurm_script_resumes_from_the_newest_complete_checkpoint(tmp_path):
 
     assert resumed_from() is None
     hpc = tmp_path / "runs" / "slurm-42" / "hpc_ckpt_3.ckpt"
-    last = tmp_path / "runs" / "quickstart" / "slurm-42" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "runs" / "classification" / "quickstart" / "slurm-42" / "checkpoints" / "last.ckpt"
     for path, mtime in ((hpc, 1_000), (last, 2_000)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
         os.utime(path, (mtime, mtime))
-    assert resumed_from() == "runs/quickstart/slurm-42/checkpoints/last.ckpt"  # killed after the last preemption
+    assert resumed_from() == "runs/classification/quickstart/slurm-42/checkpoints/last.ckpt"  # killed after the last preemption
     os.utime(hpc, (3_000, 3_000))
     assert resumed_from() == "runs/slurm-42/hpc_ckpt_3.ckpt"

@@ -48,9 +48,10 @@ Hand-computed softmax in timm 1.0.31 that is not adapted, and why:
   ``efficientvim`` (a state-space mixer, learned mixing weights);
 * built by no registered model: ``layers.NonLocalAttn`` (``attn_layer='nl'`` on request only),
   ``layers.MultiQueryAttentionV2``, ``mvitv2.MultiScaleAttentionPoolFirst`` (``pool_first``; its
-  1.0.31 forward also fails: q times an untransposed k);
+  1.0.31 forward also fails: q times an untransposed k) -- ``timm_patch.HAND_SOFTMAX`` refuses them by class;
 * outside ``forward``: ``convit``'s ``get_attention_map`` methods (timm's own softmax diagnostics).
 
 The classes with an SDPA path (``fused_attn``: BEiT, EVA, MaxViT, PVT v2, Twins, DaViT's windows,
-VOLO's self-attention...), pooling heads and ``DiffAttention`` are the generic switch's, in ``timm_patch``.
+VOLO's self-attention...) and ``DiffAttention`` are the generic switch's (``timm_sdpa``); attention
+pooling heads stay softmax by decision (``timm_patch.POOLING_HEADS``).
 """
