@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 
-from lightning.pytorch.callbacks import EMAWeightAveraging as LightningEMA
+from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 #: the strategies under which every process builds and holds the whole model (no layer is sharded)
@@ -21,8 +21,13 @@ UNSHARDED = (SingleDeviceStrategy, DDPStrategy)
 SHARDING_WARNING = "You're using the WeightAveraging callback with a model that overrides the configure_model"
 
 
-class EMAWeightAveraging(LightningEMA):
-    """Lightning's ``EMAWeightAveraging`` (same arguments, same checkpoint state); see the module docstring."""
+class EMA(EMAWeightAveraging):
+    """Lightning's ``EMAWeightAveraging`` (same arguments; its checkpoint state under the same key, so either
+    class resumes the other's runs); see the module docstring."""
+
+    @property
+    def state_key(self) -> str:
+        return EMAWeightAveraging.__qualname__
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         with warnings.catch_warnings():

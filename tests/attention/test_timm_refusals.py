@@ -1,4 +1,5 @@
-"""What set_attention does not switch: refusals on the probe's evidence, strict=False, pooling heads, masks.
+"""What set_attention does not switch: refusals on the probe's evidence, strict=False, pooling heads, masks; a probe
+input the model cannot take.
 
 The refused classes are built alone (a ``Sequential`` with one switchable attention in front), each run
 by its own probe forward, so the tests stay small.
@@ -24,7 +25,7 @@ from timm.models.volo import OutlookAttention
 from torch import nn
 
 from polyattn_lightning.attention.switched import _ADAPTERS
-from polyattn_lightning.attention.timm_patch import AttentionRefused, SwitchedAttention, set_attention
+from polyattn_lightning.attention.timm_patch import AttentionRefused, ProbeInputError, SwitchedAttention, set_attention
 from polyattn_lightning.attention.timm_probe import softmax_calls
 from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.tasks.classification import ClassificationModule
@@ -180,3 +181,31 @@ def test_a_mask_kind_off_the_reviewed_list_is_an_error():
     cos, sin = torch.ones(1, 4, 8), torch.zeros(1, 4, 8)
     with pytest.raises(TypeError, match="bool attn_mask.*review the class again"):
         module(x, cos, sin, attn_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+
+
+def tiny_vit(img_size: int = 32) -> nn.Module:
+    return timm.create_model("vit_tiny_patch16_224", img_size=img_size, patch_size=8, depth=1, embed_dim=16,
+                             num_heads=1, num_classes=2)
+
+
+def test_a_given_probe_that_fails_on_the_model_as_built_is_an_error_naming_the_class_and_why():
+    model = tiny_vit(32)
+    wrong_size = torch.randn(1, 3, 48, 48)
+    with pytest.raises(ProbeInputError, match=r"^VisionTransformer cannot run one forward on the probe input, "
+                                              r"switched or not \(AssertionError: Input height \(48\)"):
+        set_attention(model, "poly3", probe=lambda: model(wrong_size))
+    assert not any(isinstance(module, SwitchedAttention) for module in model.modules())  # nothing changed
+
+
+def test_a_probe_that_fails_only_on_the_switched_model_keeps_its_own_error():
+    """Then a switch is to blame, not the input: the error is not made a config error."""
+    model = tiny_vit(32)
+
+    def probe():
+        if any(isinstance(module, SwitchedAttention) for module in model.modules()):
+            raise RuntimeError("an adapter's bug")
+        return model(torch.randn(1, 3, 32, 32))
+
+    with pytest.raises(RuntimeError, match="an adapter's bug") as raised:
+        set_attention(model, "poly3", probe=probe)
+    assert not isinstance(raised.value, ConfigError)

@@ -46,7 +46,7 @@ def test_experiment_config_builds(request, tmp_path, monkeypatch, path: Path):
         args += ["--data.root", str(request.getfixturevalue(DATA_LAYOUT[data_class])), "--data.num_workers", "0"]
     run = built(path, *args)
     assert run.model.hparams.num_classes == run.datamodule.num_classes
-    assert run.model.model.default_cfg["architecture"] == model["model_name"]
+    assert run.model.model.pretrained_cfg["architecture"] == model["model_name"]
     assert runs_activation(run.model.model, model["attention"])
 
 

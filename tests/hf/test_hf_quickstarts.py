@@ -13,6 +13,8 @@ from training_helpers import built, experiment_configs, runs_activation
 from polyattn_lightning import cli
 from polyattn_lightning.attention import attention
 
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+
 HF = Path(__file__).resolve().parents[2] / "configs" / "hf"
 
 
