@@ -1,5 +1,5 @@
 """Test helpers every task family's tests share: a quiet CPU trainer, a simulated preemption, the CLI's resolved
-config and ``fit``, and the configs' paths.
+config, ``fit`` and a config's model and data built, and the configs' paths.
 
 On ``sys.path`` through ``pythonpath = ["tests"]`` in pyproject.toml (and ``PYTHONPATH`` for the
 torchrun workers), so any test directory imports it as ``training_helpers``.
@@ -13,8 +13,12 @@ import lightning.pytorch as pl
 import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.cli import LightningCLI
+from torch import nn
 
 from polyattn_lightning import cli
+from polyattn_lightning.attention import get_activation
+from polyattn_lightning.attention.timm_patch import attention_modules
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -28,6 +32,38 @@ def resolved_config(capsys, path: Path, *args: str) -> dict:
         cli.main(["fit", "--config", str(path), *args, "--print_config"])
     assert exit_info.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def experiment_configs(folder: Path) -> list[Path]:
+    """Every config under ``folder`` that ``fit --config`` takes (a mapping with a top-level ``model``), sorted: the
+    tests that build them find a new one without being told."""
+    return sorted(path for path in folder.rglob("*.yaml")
+                  if isinstance(config := yaml.safe_load(path.read_text()), dict) and "model" in config)
+
+
+def config_piece(path: Path, key: str) -> dict:
+    """The mapping under ``key`` of the config file ``path``, read from the piece file it names when it names one."""
+    value = yaml.safe_load(path.read_text())[key]
+    return yaml.safe_load((path.parent / value).read_text()) if isinstance(value, str) else value
+
+
+def built(path: Path, *args: str) -> LightningCLI:
+    """The CLI's trainer, model and data for ``path`` and ``args``, instantiated, not run; then what ``fit`` does
+    before its first step: the data prepared and set up, the values it determines given to the model, the model
+    built (``configure_model``: layers, heads, metrics, attention switched)."""
+    run = cli.make_cli(["--config", str(path), *args], run=False)
+    run.datamodule.prepare_data()
+    run.datamodule.setup("fit")
+    run.model.check_data(run.datamodule)
+    run.model.configure_model()
+    assert run.model.built
+    return run
+
+
+def runs_activation(module: nn.Module, spec) -> bool:
+    """Whether ``module`` has switched attention and all of it runs the activation ``spec`` names."""
+    switched = attention_modules(module)
+    return bool(switched) and all(get_activation(m.activation_spec) == get_activation(spec) for _, m in switched)
 
 
 def named_pieces(folder: Path) -> set[Path]:

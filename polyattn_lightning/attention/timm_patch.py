@@ -262,9 +262,10 @@ def set_attention(
         probe: the forward that shows what still computes softmax after the switch (a callable running one
             forward of ``model``); None makes one at the image size the model was built for
             (:func:`image_probe`), skipped where it keeps none (a bare block: then only the class tables
-            count); False skips it. An HF model also takes a mapping of its keyword arguments
-            (``{"input_ids": ..., "attention_mask": ...}``), and is always probed (None: a few token ids or
-            one blank image).
+            count); False skips it. A given probe that fails on the model as built (before any switch) is a
+            :class:`ProbeInputError` naming the class: the input does not fit the model. An HF model also takes a
+            mapping of its keyword arguments (``{"input_ids": ..., "attention_mask": ...}``), and is always probed
+            (None: a few token ids or one blank image).
         calibrate: HF models only: fold a temperature per head into the query weights so that each layer starts
             nearest to its softmax output on the probe's inputs (for fine-tuning a pretrained softmax model;
             :mod:`~polyattn_lightning.attention.hf_calibration`).
@@ -308,6 +309,7 @@ def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], l
             unswitched[name] = Unswitched(name, type(module), *verdict)
     model_name = type(model).__name__
     undo = [_switch(module, adapter) for module, adapter in found]
+    probe_error = None
     try:
         derived = probe is None or probe is True
         run = None if probe is False else image_probe(model) if derived else probe
@@ -316,10 +318,10 @@ def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], l
                 calls = _probe(model, run)
             except Exception as err:  # noqa: BLE001 - a guessed input size may not fit the model
                 if not derived:
+                    probe_error = err
                     raise
-                log.warning("%s: the probe forward at the model's stated input size failed (%s: %s); only the "
-                            "class tables were checked: pass probe= to set_attention", model_name,
-                            type(err).__name__, str(err).split("\n")[0][:200])
+                log.warning("%s: the probe forward at the model's stated input size failed (%s); only the class "
+                            "tables were checked: pass probe= to set_attention", model_name, _reason(err))
                 calls = []
             for call in calls:
                 verdict = _probe_verdict(call)
@@ -338,9 +340,11 @@ def _set_attention(model, activation, strict, probe) -> tuple[list[nn.Module], l
                 + ". Set strict=False (YAML: model.init_args.attention_strict: false) to switch the rest",
                 list(unswitched.values()),
             )
-    except BaseException:
+    except BaseException as err:
         for restore in reversed(undo):
             restore()
+        if err is probe_error:
+            _raise_if_input_does_not_fit(model, run)
         raise
     for module, _ in found:
         module.activation_spec = activation
@@ -388,6 +392,26 @@ def _probe(model: nn.Module, run: Probe) -> list[SoftmaxCall]:
             m.capture = capture
 
 
+class ProbeInputError(ConfigError):
+    """The probe forward given to set_attention fails on the model as it was built, before any switch: the input
+    does not fit the model (an image size it was not built for), so nothing a switch did is to blame."""
+
+
+def _raise_if_input_does_not_fit(model: nn.Module, run: Probe) -> None:
+    """After a given probe failed on the switched model (and the switch was undone): run it on the model as built;
+    if it fails there too, raise a :class:`ProbeInputError` naming the model's class and why."""
+    try:
+        _probe(model, run)
+    except Exception as err:  # noqa: BLE001 - any failure of the unswitched model is the input's
+        raise ProbeInputError(f"{type(model).__name__} cannot run one forward on the probe input, switched or not "
+                              f"({_reason(err)}): build the model for the input size it is given") from err
+
+
+def _reason(err: BaseException) -> str:
+    """``Type: first line`` of an error (at most 200 characters of it)."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+
+
 def _listed(unswitched) -> str:
     """``a, b (+3 more) (timm.x.Class): reason; ...``: the modules grouped by class and reason."""
     groups: dict[tuple[type, str], list[str]] = {}
@@ -406,6 +430,6 @@ def attention_modules(model: nn.Module) -> list[tuple[str, SwitchedAttention]]:
 
 
 __all__ = [
-    "AttentionInputs", "AttentionRefused", "Capture", "SwitchedAttention", "Unswitched", "attention_map", "attention_modules",
-    "set_attention",
+    "AttentionInputs", "AttentionRefused", "Capture", "ProbeInputError", "SwitchedAttention", "Unswitched", "attention_map",
+    "attention_modules", "set_attention",
 ]

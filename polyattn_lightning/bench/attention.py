@@ -30,7 +30,6 @@ CUDA, the caching allocator's peak counter, reset before the step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,7 +43,7 @@ from torch import Tensor
 
 from ..attention import attention, cpp
 from ..attention.functional import KERNELS
-from .timing import machine, step_peak_bytes
+from .timing import machine, step_peak_bytes, write_report
 
 #: Named shapes (B, H, N, d).
 SHAPES = {
@@ -381,6 +380,5 @@ def main(argv: list[str] | None = None) -> int:
         command = " ".join(["python -m polyattn_lightning.bench attention", *argv])
         report = {"command": command, "machine": machine(load_before, args.device),
                   "results": results, "targets": checks}
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_report(report, args.json)
     return 0

@@ -14,7 +14,6 @@ can be traced to the backbone's attention or cleared of it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from torch import nn
 
 from ..attention import get_activation
 from . import CONFIGS
-from .timing import interleaved, machine
+from .timing import interleaved, machine, write_report
 
 #: The detector benchmarked when ``--config`` is not given (shipped with the package).
 DEFAULT_CONFIG = CONFIGS / "detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml"
@@ -155,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention": attention, "samples_s": times, "median_s": medians, "ratio": ratios,
             "target": {"target": "train step ratio <= 1.05", "value": ratios["train_step"], "met": met},
         }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_report(report, args.json)
     return 0
 
 

@@ -17,7 +17,6 @@ figures, both PNGs) on the same model, i.e. what each validation adds.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -31,7 +30,7 @@ from ..callbacks.attention_maps import attention_pictures
 from ..callbacks.attention_norms import AttentionNorms, probe_batch
 from ..cli import make_cli
 from . import CONFIGS
-from .timing import machine
+from .timing import machine, write_report
 
 QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
 #: The standard callbacks both runs leave out; the timed one keeps ``norms``.
@@ -122,7 +121,5 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['wall_per_probe_ms']:.0f} ms per probe")
     print(f"  AttentionMaps: {result['maps_per_validation_s']:.2f} s per validation (probe pass, two figures, PNGs)")
     print(f"  load average before {load_before[0]:.1f}, after {result['machine']['load_average_after'][0]:.1f}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_report(result, args.json)
     return 0

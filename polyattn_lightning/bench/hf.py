@@ -9,14 +9,13 @@ KV cache, ``poly3`` against HF's own ``sdpa``. The cases run round-robin; median
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 import torch
 
-from .timing import interleaved, machine
+from .timing import interleaved, machine, write_report
 
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256, tie_word_embeddings=True, vocab_size=384)
@@ -104,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, e in report["llama_generate"].items():
         print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
     print(f"load average before {load_before}, after {report['machine']['load_average_after']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_report(report, args.json)
     return 0
 
 

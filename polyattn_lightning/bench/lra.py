@@ -25,7 +25,6 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from torch import Tensor, nn
 
 from ..models import LRAClassifier
 from .attention import padding_mask
-from .timing import interleaved, machine, step_peak_bytes
+from .timing import interleaved, machine, step_peak_bytes, write_report
 
 POLY3 = {"name": "poly3", "scale": 0.0714}
 POLY1 = {"name": "poly1", "scale": 0.0714}
@@ -185,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         report["retrieval4k"] = retrieval4k(args.retrieval_batch, args.retrieval_length)
     report["machine"] = machine(load_before)
     print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_report(report, args.json)
     return 0
 
 

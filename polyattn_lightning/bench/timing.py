@@ -1,14 +1,17 @@
-"""What every benchmark command shares: round-robin timing, peak step memory and the machine record.
+"""What every benchmark command shares: round-robin timing, peak step memory, the machine record and the
+``--json`` report file.
 
-One module for these so that the commands time, measure and describe the machine the
+One module for these so that the commands time, measure, describe the machine and write their reports the
 same way, and no command imports another command.
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -79,3 +82,10 @@ def machine(load_before: tuple[float, float, float], device: str = "cpu") -> dic
         "load_average_before": tuple(load_before),
         "load_average_after": os.getloadavg(),
     }
+
+
+def write_report(report: dict, path: str | os.PathLike | None) -> None:
+    """A command's ``--json``: ``report`` as indented JSON at ``path`` (its folder made); nothing when None."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1))

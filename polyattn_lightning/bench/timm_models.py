@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import torch
 import yaml
 
 from ..attention.timm_patch import set_attention
-from .timing import interleaved, machine
+from .timing import interleaved, machine, write_report
 
 DEFAULT_MODELS = ("eva02_small_patch14_224", "beit_base_patch16_224")
 DEFAULT_POLY3 = "{name: poly3, scale: inv_sqrt_n}"
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               f"switched softmax {med['softmax']:.3f} s ({spread['softmax']:.3f}), poly3 {med['poly3']:.3f} s "
               f"({spread['poly3']:.3f}); softmax/timm {r['switched_softmax_over_timm']:.3f}x, "
               f"poly3/softmax {r['poly3_over_switched_softmax']:.3f}x; load average now {os.getloadavg()}", flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=1))
+        write_report(report, args.json)
     print(f"load average before {load}, after {report['machine']['load_average_after']}")
     return 0
 

@@ -3,12 +3,13 @@
 name or full path (``--trainer.callbacks+=AttentionMaps``; jsonargparse finds any imported Callback subclass)."""
 from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms
+from .ema import EMA
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import SlurmPreemption
 from .resume import ExactResume
 
 __all__ = [
-    "AttentionMaps", "AttentionNorms", "ExactResume", "NonFiniteLossError", "NonFiniteLossGuard", "PredictionWriter",
-    "SlurmPreemption",
+    "AttentionMaps", "AttentionNorms", "EMA", "ExactResume", "NonFiniteLossError", "NonFiniteLossGuard",
+    "PredictionWriter", "SlurmPreemption",
 ]

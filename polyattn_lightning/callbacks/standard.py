@@ -3,7 +3,7 @@
 The CLI adds each one with LightningCLI's ``add_lightning_class_args``, so its options are set alone
 (no restating of the ``trainer.callbacks`` list) and ``--print_config`` shows them. ``callbacks_off``
 (a top-level list, ``--callbacks_off [norms, predictions]``) leaves some out. Opt-in callbacks
-(``EMAWeightAveraging``, ``AttentionMaps``) stay under ``trainer.callbacks``.
+(``EMA``, ``AttentionMaps``) stay under ``trainer.callbacks``.
 
 A config saved before they were standard (a run's ``config.yaml``) lists them in ``trainer.callbacks``:
 :func:`drop_restated` removes such copies with a warning naming the short key, so a resumed run never

@@ -78,10 +78,6 @@ class NegatedSentimentData(TextClassificationData):
                 writer.writerow(["text", "label"])
                 writer.writerows(rows)
 
-    def setup(self, stage: str | None = None) -> None:
-        self.prepare_data()  # also when used without a Trainer
-        super().setup(stage)
-
 
 NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")
 THINGS = ("apples", "books", "coins", "shells", "stamps", "cards", "marbles", "pens")
@@ -125,10 +121,6 @@ class GeneratedStoriesData(CausalLMText):
             (folder / f"{split}.txt").write_text("".join(text + "\n" for (text,) in rows), encoding="utf-8")
             if split == "train":
                 train_tokenizer([text for (text,) in rows], self.vocab).save_pretrained(folder / "tokenizer")
-
-    def setup(self, stage: str | None = None) -> None:
-        self.prepare_data()
-        super().setup(stage)
 
 
 def train_tokenizer(texts: list[str], vocab: int):

@@ -107,10 +107,41 @@ class Encoded(Dataset):
         return self.items[index]
 
 
-class TextClassificationData(DataModule):
-    """Labelled text from CSV / JSONL files; batches are the tokenizer's padded dicts plus ``labels``."""
+class TextData(DataModule):
+    """What both text DataModules share: split files read with the model's tokenizer, set up once, the last short
+    training batch kept. A subclass reads the files into data sets (:meth:`read`); a generated set writes its files
+    in ``prepare_data`` and names them in :meth:`files`."""
 
     drop_last_train = False
+
+    def __init__(self, train: str | None, val: str | None, tokenizer: str | None, test: str | None,
+                 batch_size: int, num_workers: int, pin_memory: bool):
+        super().__init__(batch_size, num_workers, pin_memory)
+        self.train, self.val, self.test, self.tokenizer_path = train, val, test, tokenizer
+
+    def files(self) -> dict[str, str | None]:
+        """The split files by split name (``test`` may be None)."""
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.prepare_data()  # a generated set writes its files (also when used without a Trainer)
+        files = self.files()
+        for key, value in (("train", files["train"]), ("val", files["val"]), ("tokenizer", self.tokenizer_path)):
+            if value is None:
+                raise ConfigError(f"data.{key} is required")
+        self.tokenizer = load_tokenizer(self.tokenizer_path, "data.tokenizer")
+        sets = self.read({split: Path(path) for split, path in files.items() if path is not None})
+        self.train_set, self.val_set, self.test_set = sets["train"], sets["val"], sets.get("test")
+
+    def read(self, files: dict[str, Path]) -> dict[str, Encoded]:
+        """The data set of each split file given (``self.tokenizer`` is loaded)."""
+        raise NotImplementedError
+
+
+class TextClassificationData(TextData):
+    """Labelled text from CSV / JSONL files; batches are the tokenizer's padded dicts plus ``labels``."""
 
     def __init__(
         self,
@@ -132,27 +163,15 @@ class TextClassificationData(DataModule):
                 ``max_position_embeddings``.
             too_long: ``truncate`` (one warning counts the rows cut) or ``error`` (the first row too long fails).
         """
-        super().__init__(batch_size, num_workers, pin_memory)
+        super().__init__(train, val, tokenizer, test, batch_size, num_workers, pin_memory)
         if too_long not in TOO_LONG:
             raise ConfigError(f"data.too_long must be one of {TOO_LONG}, got {too_long!r}")
-        self.train, self.val, self.test, self.tokenizer_path = train, val, test, tokenizer
         self.max_length, self.too_long = max_length, too_long
         self.classes: list[str] | None = None
         self.num_classes: int | None = None
 
-    def files(self) -> dict[str, str | None]:
-        """The split files (a generated set fills them in ``prepare_data``)."""
-        return {"train": self.train, "val": self.val, "test": self.test}
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        files = self.files()
-        for key in ("train", "val", "tokenizer"):
-            if (files.get(key) if key != "tokenizer" else self.tokenizer_path) is None:
-                raise ConfigError(f"data.{key} is required")
-        self.tokenizer = load_tokenizer(self.tokenizer_path, "data.tokenizer")
-        rows = {split: read_rows(path) for split, path in files.items() if path is not None}
+    def read(self, files: dict[str, Path]) -> dict[str, Encoded]:
+        rows = {split: read_rows(path) for split, path in files.items()}
         self.classes = sorted_classes([label for *_, label, _ in rows["train"]])
         self.num_classes = len(self.classes)
         if self.num_classes < 2:
@@ -160,16 +179,15 @@ class TextClassificationData(DataModule):
         index = {label: i for i, label in enumerate(self.classes)}
         encoded, truncated = {}, 0
         for split, split_rows in rows.items():
-            encoded[split], cut = self._encode(Path(files[split]), split_rows, index)
+            encoded[split], cut = self._encode(files[split], split_rows, index)
             truncated += cut
         if truncated:
             warnings.warn(f"{truncated} rows longer than data.max_length={self.max_length} tokens were truncated "
-                          "(data.too_long: error refuses them)", stacklevel=2)
+                          "(data.too_long: error refuses them)", stacklevel=3)
         from transformers import DataCollatorWithPadding
 
         self.collate_fn = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
-        self.train_set, self.val_set = encoded["train"], encoded["val"]
-        self.test_set = encoded.get("test")
+        return encoded
 
     def _encode(self, path: Path, rows, index: dict[str, int]) -> tuple[Encoded, int]:
         texts, pairs = [r[0] for r in rows], [r[1] for r in rows]
@@ -192,10 +210,8 @@ class TextClassificationData(DataModule):
         return Encoded(items), len(long)
 
 
-class CausalLMText(DataModule):
+class CausalLMText(TextData):
     """Plain UTF-8 text files cut into blocks of ``block_size`` tokens; batches are ``input_ids`` ``(B, block)``."""
-
-    drop_last_train = False
 
     def __init__(
         self,
@@ -214,27 +230,15 @@ class CausalLMText(DataModule):
             tokenizer: a tokenizer folder (with an end-of-sequence token) or ``package:<name>``.
             block_size: tokens per training sequence; the task checks it against the model's positions.
         """
-        super().__init__(batch_size, num_workers, pin_memory)
-        self.train, self.val, self.test, self.tokenizer_path = train, val, test, tokenizer
+        super().__init__(train, val, tokenizer, test, batch_size, num_workers, pin_memory)
         self.block_size = block_size
         self.vocab_size: int | None = None
 
-    def files(self) -> dict[str, str | None]:
-        return {"train": self.train, "val": self.val, "test": self.test}
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        files = self.files()
-        for key, value in (("train", files["train"]), ("val", files["val"]), ("tokenizer", self.tokenizer_path)):
-            if value is None:
-                raise ConfigError(f"data.{key} is required")
-        self.tokenizer = load_tokenizer(self.tokenizer_path, "data.tokenizer")
+    def read(self, files: dict[str, Path]) -> dict[str, Encoded]:
         if self.tokenizer.eos_token_id is None:
             raise ConfigError(f"data.tokenizer {self.tokenizer_path}: the tokenizer has no end-of-sequence token")
         self.vocab_size = len(self.tokenizer)
-        sets = {split: self._blocks(Path(path)) for split, path in files.items() if path is not None}
-        self.train_set, self.val_set, self.test_set = sets["train"], sets["val"], sets.get("test")
+        return {split: self._blocks(path) for split, path in files.items()}
 
     def _blocks(self, path: Path) -> Encoded:
         if not path.is_file():
@@ -255,4 +259,4 @@ class CausalLMText(DataModule):
         return Encoded([{"input_ids": row} for row in ids])
 
 
-__all__ = ["CausalLMText", "TextClassificationData", "read_rows", "sorted_classes"]
+__all__ = ["CausalLMText", "TextClassificationData", "TextData", "read_rows", "sorted_classes"]

@@ -57,6 +57,18 @@ def plain(value: Any, like: Any) -> Any:
     return json.loads(json.dumps(asdict(as_dataclass(value, type(like))))) if is_dataclass(like) else value
 
 
+#: the arguments ClassificationModule passes to ``timm.create_model`` itself (in ``model_kwargs``: given twice)
+OWN_TIMM_ARGS = ("num_classes", "img_size", "drop_path_rate", "pretrained")
+
+
+def check_model_kwargs(model_kwargs: Mapping[str, Any] | None) -> None:
+    """One place per setting: ``model_kwargs`` restates none of :data:`OWN_TIMM_ARGS`."""
+    for key in OWN_TIMM_ARGS:
+        if key in (model_kwargs or {}):
+            raise ConfigError(f"model.init_args.model_kwargs.{key}: {key} is an argument of ClassificationModule itself; "
+                              f"give it once, as model.init_args.{key}")
+
+
 def from_recipe(hparams: dict[str, Any]) -> None:
     """Map an old ``recipe`` hyperparameter onto ``optim``, ``mixup`` and ``drop_path_rate`` (in place, as plain
     values), with one deprecation line; a value also given under its new key must agree with the recipe's."""
@@ -127,8 +139,10 @@ class ClassificationModule(TaskModule):
 
     @classmethod
     def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
-        """The attention spec, the timm model name and the pretrained file (the CLI drops it for ``--ckpt_path``)."""
+        """The attention spec, ``model_kwargs`` (:func:`check_model_kwargs`), the timm model name and the pretrained
+        file (the CLI drops it for ``--ckpt_path``)."""
         super().check_init_args(init_args)
+        check_model_kwargs(init_args.get("model_kwargs"))
         for key, check in (("model_name", check_model_name), ("pretrained", resolve_pretrained_file)):
             if init_args.get(key) is not None:
                 try:
@@ -138,6 +152,7 @@ class ClassificationModule(TaskModule):
 
     def build(self) -> None:
         hp = self.hparams
+        check_model_kwargs(hp.model_kwargs)
         self.model = create_timm_model(
             hp.model_name, hp.num_classes, hp.img_size, hp.drop_path_rate, hp.pretrained, **(hp.model_kwargs or {})
         )

@@ -22,19 +22,21 @@ def _grads(out, inputs):
     return torch.autograd.grad((out * weight).sum(), inputs)
 
 
-def assert_matches_reference_attention(out, expected, inputs):
-    torch.testing.assert_close(out, expected)
+def assert_matches_reference_attention(out, expected, inputs, **tol):
+    torch.testing.assert_close(out, expected, **tol)
     for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, **tol)
 
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Tiles of 3 keys and a few queries, so shapes below span several ragged blocks."""
+    """Tiles of 3 keys and a few queries, causal prefix sums in chunks of 4 keys, so shapes below span several
+    ragged blocks (and cross the causal diagonal in many)."""
     monkeypatch.setattr(blocked, "MAX_KEY_BLOCK", 3)
     monkeypatch.setattr(blocked, "TILE_ELEMENTS", 64)
     monkeypatch.setattr(fused_cpu, "FORWARD_BLOCK", (4, 3))
     monkeypatch.setattr(fused_cpu, "BACKWARD_BLOCK", (5, 3))
+    monkeypatch.setattr(associative, "CAUSAL_CHUNK", 4)
 
 
 @contextlib.contextmanager

@@ -10,36 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_reference import ELEMENTWISE, bottom_right, causal_reference, make_qkv
+from test_attention_kernels import _grads, num_threads, small_tiles  # noqa: F401 (small_tiles is a fixture)
+from test_attention_kernels import assert_matches_reference_attention as assert_close_with_grads
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from polyattn_lightning.attention import associative, attention, blocked, fused_cpu, get_activation
+from polyattn_lightning.attention import associative, attention, get_activation
 from polyattn_lightning.attention.functional import _pick_kernel
 from polyattn_lightning.attention.masks import keys_per_row
 
 QUADRATIC = ["materialized", "blocked", "fused_cpu"]
 #: (Nq, Nk): square, a few queries over a cache (Nq < Nk), and more queries than keys (rows with no key)
 SHAPES = [(9, 9), (3, 17), (1, 17), (20, 7)]
-
-
-def _grads(out, inputs):
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
-    return torch.autograd.grad((out * weight).sum(), inputs)
-
-
-def assert_close_with_grads(out, expected, inputs, **tol):
-    torch.testing.assert_close(out, expected, **tol)
-    for got, want in zip(_grads(out, inputs), _grads(expected, inputs)):
-        torch.testing.assert_close(got, want, **tol)
-
-
-@pytest.fixture
-def small_tiles(monkeypatch):
-    """Tiles of 3 keys and a few queries: the shapes below cross the diagonal in many ragged tiles."""
-    monkeypatch.setattr(blocked, "MAX_KEY_BLOCK", 3)
-    monkeypatch.setattr(blocked, "TILE_ELEMENTS", 64)
-    monkeypatch.setattr(fused_cpu, "FORWARD_BLOCK", (4, 3))
-    monkeypatch.setattr(fused_cpu, "BACKWARD_BLOCK", (5, 3))
-    monkeypatch.setattr(associative, "CAUSAL_CHUNK", 4)
 
 
 @pytest.fixture(params=["cpp", "torch"])
@@ -63,14 +44,10 @@ def test_causal_matches_reference(name, kernel, shape, small_tiles):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_fused_cpu_causal_splits_work_over_threads(threads, small_tiles):
     """The fused kernel orders causal query blocks first/last/... and splits key blocks by tile area."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         q, k, v = make_qkv(B=1, H=1, Nq=23, Nk=31, d=4, dv=3)
         out = attention(q, k, v, "poly3", is_causal=True, kernel="fused_cpu")
         assert_close_with_grads(out, causal_reference(q, k, v, "poly3"), (q, k, v))
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

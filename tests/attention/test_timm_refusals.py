@@ -1,4 +1,5 @@
-"""What set_attention does not switch: refusals on the probe's evidence, strict=False, pooling heads, masks.
+"""What set_attention does not switch: refusals on the probe's evidence, strict=False, pooling heads, masks; a probe
+input the model cannot take.
 
 The refused classes are built alone (a ``Sequential`` with one switchable attention in front), each run
 by its own probe forward, so the tests stay small.
@@ -28,6 +29,7 @@ from polyattn_lightning.attention.switched import _ADAPTERS
 from polyattn_lightning.attention.timm_patch import (
     HAND_SOFTMAX,
     AttentionRefused,
+    ProbeInputError,
     SwitchedAttention,
     _load_adapters,
     set_attention,
@@ -199,3 +201,31 @@ def test_hand_softmax_lists_only_classes_without_an_adapter_and_refuses_them_unp
     with pytest.raises(AttentionRefused, match=refusal):
         set_attention(model, "poly3", probe=False)
     assert type(model[0]) is Attention
+
+
+def tiny_vit(img_size: int = 32) -> nn.Module:
+    return timm.create_model("vit_tiny_patch16_224", img_size=img_size, patch_size=8, depth=1, embed_dim=16,
+                             num_heads=1, num_classes=2)
+
+
+def test_a_given_probe_that_fails_on_the_model_as_built_is_an_error_naming_the_class_and_why():
+    model = tiny_vit(32)
+    wrong_size = torch.randn(1, 3, 48, 48)
+    with pytest.raises(ProbeInputError, match=r"^VisionTransformer cannot run one forward on the probe input, "
+                                              r"switched or not \(AssertionError: Input height \(48\)"):
+        set_attention(model, "poly3", probe=lambda: model(wrong_size))
+    assert not any(isinstance(module, SwitchedAttention) for module in model.modules())  # nothing changed
+
+
+def test_a_probe_that_fails_only_on_the_switched_model_keeps_its_own_error():
+    """Then a switch is to blame, not the input: the error is not made a config error."""
+    model = tiny_vit(32)
+
+    def probe():
+        if any(isinstance(module, SwitchedAttention) for module in model.modules()):
+            raise RuntimeError("an adapter's bug")
+        return model(torch.randn(1, 3, 32, 32))
+
+    with pytest.raises(RuntimeError, match="an adapter's bug") as raised:
+        set_attention(model, "poly3", probe=probe)
+    assert not isinstance(raised.value, ConfigError)

@@ -50,6 +50,19 @@ def test_a_model_that_cannot_be_built_is_a_one_line_error(capsys):
     assert len(err.splitlines()) <= 2
 
 
+def test_a_model_that_cannot_run_at_the_configured_size_is_a_one_line_error(capsys):
+    """CrossViT's 16-px patches do not fit the digits' 16-px images: its probe forward fails before any switch."""
+    err = one_line_error(capsys, "--model.init_args.model_name", "crossvit_tiny_240", "--model.init_args.model_kwargs", "{}")
+    assert err.startswith("error: CrossVit cannot run one forward on the probe input, switched or not (RuntimeError: ")
+    assert len(err.splitlines()) <= 2
+
+
+def test_an_image_size_given_twice_is_a_one_line_error(capsys):
+    err = one_line_error(capsys, "--model.init_args.model_kwargs", "{patch_size: 4, img_size: 224}")
+    assert "model.init_args.model_kwargs.img_size" in err and "as model.init_args.img_size" in err
+    assert len(err.splitlines()) <= 2
+
+
 def test_data_root_on_the_bundled_digits_points_to_the_image_folder_line(capsys):
     err = one_line_error(capsys, "--data.root", "somewhere")
     assert "Option 'root' is not accepted" in err and "--data ImageFolderDataModule --data.root DIR" in err

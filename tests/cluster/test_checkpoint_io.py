@@ -62,7 +62,8 @@ def test_no_trainer_config_restates_a_standard_callback_or_the_checkpoint_io(con
     trainer = yaml.safe_load(config.read_text())
     pieces = [yaml.safe_load((config.parent / piece).read_text()) for piece in trainer.get("callbacks", [])]
     assert "plugins" not in trainer and "logger" not in trainer
-    assert all(piece["class_path"] in ("EMAWeightAveraging", "polyattn_lightning.callbacks.AttentionMaps") for piece in pieces)
+    opt_in = ("polyattn_lightning.callbacks.EMA", "polyattn_lightning.callbacks.AttentionMaps")
+    assert all(piece["class_path"] in opt_in for piece in pieces)
 
 
 def test_the_cli_builds_the_trainer_with_them():

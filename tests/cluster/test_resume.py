@@ -18,7 +18,7 @@ from cluster_harness import MemoryLogger, RecordBatches, augmented_digits, tiny_
 from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 from training_helpers import Killed, KillAt, cpu_trainer
 
-from polyattn_lightning.callbacks import ExactResume
+from polyattn_lightning.callbacks import EMA, ExactResume
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3
 
@@ -35,7 +35,7 @@ def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None, num_
     """Fit 3 epochs of 4 steps (or until killed); returns what must match across runs."""
     pl.seed_everything(0, workers=True)
     model, logger, record, lr = tiny_classifier(mixup=True, drop_path=0.1), MemoryLogger(), RecordBatches(), RecordLR()
-    ema = EMAWeightAveraging(decay=0.9)
+    ema = EMA(decay=0.9)  # the project's, Lightning's EMAWeightAveraging without its sharding warning
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir, save_last=True, every_n_train_steps=every_n_train_steps
     )
@@ -55,7 +55,7 @@ def train(ckpt_dir, every_n_train_steps=None, kill_at=None, ckpt_path=None, num_
         except Killed:
             return {}
     return {
-        "weights": model.state_dict(),  # the EMA weights: EMAWeightAveraging copies them in at the end
+        "weights": model.state_dict(),  # the EMA weights: the EMA copies them in at the end
         "ema": ema._average_model.state_dict(),
         "optimizer": trainer.optimizers[0].state_dict(),
         "lr_schedule": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
@@ -123,3 +123,9 @@ def test_resuming_with_more_epochs_keeps_the_checkpoints_schedule_and_warns_once
     assert {s: lr for s, lr in longer["lr"].items() if s < end} == {s: lr for s, lr in reference["lr"].items() if s >= start}
     # ...and the extra epochs train at its final lr
     assert all(lr == pytest.approx(1e-5) for s, lr in longer["lr"].items() if s > end)
+
+
+def test_the_projects_ema_keeps_its_state_under_lightnings_key():
+    """A checkpoint written with Lightning's EMAWeightAveraging (older runs' configs) resumes into the project's EMA,
+    and the other way round."""
+    assert EMA(decay=0.9).state_key == EMAWeightAveraging(decay=0.9).state_key

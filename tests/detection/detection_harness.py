@@ -18,7 +18,7 @@ from polyattn_lightning.tasks.optim import OptimRecipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "detection"
 QUICKSTART = CONFIGS / "quickstart.yaml"
-TINY_BACKBONE = {"embed_dim": 32, "depth": 4, "num_heads": 2}
+TINY_BACKBONE = {"embed_dim": 32, "depth": 4, "num_heads": 2, "out_indices": [0, 1, 2, 3]}
 TINY_SET = SyntheticCOCO(train_images=8, val_images=5, image_size=64, max_objects=2, min_size=0.3, max_size=0.45)
 
 
@@ -26,12 +26,18 @@ def write_tiny_coco(root: Path, config: SyntheticCOCO = TINY_SET) -> Path:
     return write_synthetic_coco(root, config)
 
 
-def tiny_detector_config() -> dict[str, Any]:
-    """The quickstart's detector (its file, merged over its ``_base_``) with a smaller backbone."""
-    detector = load_detector_config(QUICKSTART.parent / yaml.safe_load(QUICKSTART.read_text())["model"]["init_args"]["detector"])
+def shrunk_detector_config(experiment: Path) -> dict[str, Any]:
+    """The detector of an experiment config (its file, merged over its ``_base_``) with a 4-block, 32-channel XCiT
+    whose four blocks feed the FPN; the rest as the file states it."""
+    detector = load_detector_config(experiment.parent / yaml.safe_load(experiment.read_text())["model"]["init_args"]["detector"])
     detector["backbone"].update(TINY_BACKBONE)
     detector["neck"]["in_channels"] = [TINY_BACKBONE["embed_dim"]] * 4
     return detector
+
+
+def tiny_detector_config() -> dict[str, Any]:
+    """The quickstart's detector with the smaller backbone."""
+    return shrunk_detector_config(QUICKSTART)
 
 
 def tiny_detector(**kwargs: Any) -> DetectionModule:

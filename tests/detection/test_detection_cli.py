@@ -1,4 +1,4 @@
-"""The detection configs through the CLI: every experiment parses, the quickstart fits and predicts."""
+"""The detection configs through the CLI: every experiment builds, the quickstart fits and predicts."""
 from __future__ import annotations
 
 import json
@@ -6,22 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import polyattn_lightning.detection  # noqa: F401  (mmcv ops, then mmdet's registries)
-from detection_harness import CONFIGS, QUICKSTART, TINY_SET, write_tiny_coco
-from training_helpers import named_pieces, resolved_config
-from mmdet.registry import MODELS
+from detection_harness import CONFIGS, QUICKSTART, TINY_SET, shrunk_detector_config, write_tiny_coco
+from training_helpers import built, config_piece, experiment_configs, named_pieces, resolved_config, runs_activation
 
 from polyattn_lightning import cli
 from polyattn_lightning.data import coco
-from polyattn_lightning.attention import get_activation
 from polyattn_lightning.data.synthetic_coco import SyntheticCOCO
-from polyattn_lightning.tasks.detection import load_detector_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
-EXPERIMENTS = [QUICKSTART, *sorted((CONFIGS / "coco").glob("*.yaml")), *sorted((CONFIGS / "finetune").glob("*.yaml"))]
+EXPERIMENTS = experiment_configs(CONFIGS)
 #: The quickstart shrunk to the tiny test images: a few steps, 64 px, no workers.
 TINY_RUN = [
     "--data.init_args.num_workers", "0", "--data.init_args.batch_size", "2",
@@ -33,16 +29,23 @@ TINY_RUN = [
 ]
 
 
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory) -> Path:
+    return write_tiny_coco(tmp_path_factory.mktemp("coco") / "shapes")
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
-def test_experiment_config_parses(capsys, path: Path):
-    config = resolved_config(capsys, path)
-    model = config["model"]["init_args"]
-    detector = model["detector"]
-    if isinstance(detector, str):  # a YAML piece, relative to the experiment file, over its _base_
-        detector = load_detector_config(path.parent / detector)
-    assert MODELS.get(detector["type"]) is not None and MODELS.get(detector["backbone"]["type"]) is not None
-    get_activation(model["attention"])
-    assert config["data"]["class_path"].endswith(".COCODataModule")
+def test_experiment_config_builds(tmp_path, monkeypatch, coco_root, path: Path):
+    """Model and data built through the CLI as ``fit`` would, the backbone shrunk to 4 thin blocks (heads, FPN
+    outputs, losses as the config states them), on a tiny COCO folder, without the pretrained file (the user's to
+    place)."""
+    monkeypatch.chdir(tmp_path)
+    run = built(path, "--model.init_args.detector", json.dumps(shrunk_detector_config(path)),
+                "--model.init_args.pretrained", "null", "--data.init_args.root", str(coco_root),
+                "--data.init_args.num_workers", "0")
+    head = run.model.detector.roi_head
+    assert head.bbox_head.num_classes == head.mask_head.num_classes == len(TINY_SET.classes)  # the data's
+    assert runs_activation(run.model.detector.backbone, config_piece(path, "model")["init_args"]["attention"])
 
 
 def test_every_detection_config_piece_is_used_by_an_experiment():

@@ -100,13 +100,16 @@ class LossHistory(Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def test_training_lowers_the_loss_and_logs_every_loss_by_name(coco_root):
+def test_training_lowers_the_loss_and_logs_every_loss_by_name(coco_root, tmp_path):
     pl.seed_everything(0)
     history = LossHistory()
-    trainer = cpu_trainer(max_steps=25, overfit_batches=1, limit_val_batches=0, callbacks=[history])
+    # overfit_batches validates on that batch too: its COCO tables go to the run folder, here tmp_path
+    trainer = cpu_trainer(max_steps=25, overfit_batches=1, limit_val_batches=0, callbacks=[history],
+                          default_root_dir=tmp_path)
     model = tiny_detector()
     trainer.fit(model, tiny_data(coco_root, train_sizes=[64], crop_sizes=None))
     assert np.mean(history.losses[-5:]) < 0.6 * np.mean(history.losses[:5])
+    assert (tmp_path / "coco_eval.txt").is_file()  # not the working directory's
     logged = set(trainer.callback_metrics)
     assert {"train/loss", "train/loss_rpn_cls", "train/loss_rpn_bbox", "train/loss_cls", "train/loss_bbox",
             "train/loss_mask", "train/acc"} <= logged

@@ -1,13 +1,19 @@
-"""The two HF quickstarts through the CLI, shortened: they learn, and the trained LM decodes the same with the cache."""
+"""The HF configs through the CLI: every one builds; the two quickstarts, shortened, learn, and the trained LM decodes
+the same with the cache."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+import yaml
+from training_helpers import built, experiment_configs, runs_activation
 
 from polyattn_lightning import cli
 from polyattn_lightning.attention import attention
 from polyattn_lightning.tasks import HFSequenceClassification
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
 HF = Path(__file__).resolve().parents[2] / "configs" / "hf"
 
@@ -55,3 +61,16 @@ def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_c
     batch = run.datamodule.collate_fn([run.datamodule.val_set[i] for i in range(8)])
     with torch.no_grad():  # one epoch: the best checkpoint is the last weights
         torch.testing.assert_close(restored(batch), run.model.eval()(batch), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", experiment_configs(HF), ids=lambda p: p.stem)
+def test_experiment_config_builds(tmp_path, monkeypatch, path: Path):
+    """Model and data built through the CLI as ``fit`` would, on small generated sets written under ``tmp_path``."""
+    monkeypatch.chdir(tmp_path)
+    run = built(path, "--data.root", str(tmp_path / "data"), "--data.train_size", "64", "--data.val_size", "16",
+                "--data.test_size", "16")
+    model, data = run.model.model, run.datamodule
+    assert model.get_input_embeddings().num_embeddings >= len(data.tokenizer)
+    if data.num_classes is not None:  # sequence classification: a head of the data's classes
+        assert model.config.num_labels == data.num_classes
+    assert runs_activation(model, yaml.safe_load(path.read_text())["model"]["init_args"]["attention"])

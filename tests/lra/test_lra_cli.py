@@ -20,7 +20,7 @@ from polyattn_lightning.attention import attention, get_activation
 from polyattn_lightning.data.lra import ListOpsSpec
 from polyattn_lightning.data.lra.listops import default_root, write_dataset
 from polyattn_lightning.tasks import LRAModule
-from training_helpers import fit, named_pieces
+from training_helpers import built, experiment_configs, fit, named_pieces, runs_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -52,11 +52,21 @@ def test_every_task_has_every_activation_with_unique_names():
         assert {path.stem.removeprefix(f"{task}_") for path in (LRA / task).glob("*.yaml")} >= ACTIVATIONS
 
 
+@pytest.fixture(scope="module")
+def tiny_roots(tmp_path_factory) -> dict[str, Path]:
+    """Each task's tiny files in its official format."""
+    return {task: tiny_release(tmp_path_factory.mktemp(task), task) for task in RECIPE}
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
-def test_config_composes_to_the_recipe(path: Path):
+def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_roots, path: Path):
+    """Through the CLI as ``fit`` would, on the task's tiny files: the encoder built with what the data determines."""
     task, activation = path.parent.name, path.stem.split("_", 1)[1]
-    built = make("--config", str(path))
-    module, data, trainer = built.model, built.datamodule, built.trainer
+    monkeypatch.chdir(tmp_path)
+    extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
+    run = built(path, "--data.root", str(tiny_roots[task]), *extra)
+    module, data, trainer = run.model, run.datamodule, run.trainer
+    assert module.hparams.num_classes == data.num_classes and module.hparams.vocab_size == data.vocab_size
     data_class, batch, steps, warmup = RECIPE[task]
     assert type(data).__name__ == data_class and data.batch_size == batch
     assert trainer.max_steps == steps and module.optim.warmup_steps == warmup
@@ -68,6 +78,18 @@ def test_config_composes_to_the_recipe(path: Path):
     act = get_activation(hp.attention)
     expected_scale = {"softmax": None, "poly3_inv_sqrt_n": "inv_sqrt_n", "relu": "inv_n"}.get(activation, 0.0714)
     assert act.name == activation.split("_")[0] and (act.is_softmax or act.scale == expected_scale)
+    assert runs_activation(module.model, hp.attention)
+
+
+def test_quickstart_config_builds(tmp_path, monkeypatch, tiny_roots):
+    monkeypatch.chdir(tmp_path)
+    run = built(QUICKSTART, "--data.root", str(tiny_roots["listops"]))
+    assert run.model.hparams.max_length == run.datamodule.max_length == 300  # the quickstart's, not the release's
+    assert runs_activation(run.model.model, {"name": "poly3", "scale": 0.0714})
+
+
+def test_every_lra_experiment_is_built_above():
+    assert experiment_configs(LRA) == sorted([*EXPERIMENTS, QUICKSTART])
 
 
 def test_every_lra_config_piece_is_used():

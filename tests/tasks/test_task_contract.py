@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from conftest import write_jpeg
-from training_helpers import CONFIGS, QUICKSTART, fit
+from training_helpers import CONFIGS, QUICKSTART, experiment_configs, fit
 
 from polyattn_lightning.attention.timm_patch import attention_modules
 from polyattn_lightning.checkpoint import load_checkpoint
@@ -50,6 +50,13 @@ def test_without_a_class_count_the_model_waits_for_the_data_and_saves_its_count(
     assert module.model is None  # built in configure_model, once the DataModule is set up
     with pytest.raises(ConfigError, match="ClassificationModule needs num_classes"):
         module.configure_model()
+
+
+def test_every_experiment_config_is_in_a_family_whose_tests_build_each():
+    """tests/{classification,detection,lra,hf} build every config under configs/<family> (test_experiment_config_builds,
+    LRA's test_config_composes_to_the_recipe_and_builds); a config elsewhere would be built by none."""
+    families = {path.relative_to(CONFIGS).parts[0] for path in experiment_configs(CONFIGS)}
+    assert families == {"classification", "detection", "lra", "hf"}
 
 
 # ---- the same unchanged quickstart config on data with another class count -----------------------------

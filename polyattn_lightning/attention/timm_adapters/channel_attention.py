@@ -23,26 +23,45 @@ def _per_head_channels(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]
     return qkv.reshape(B, N, 3, heads, C3 // (3 * heads)).permute(2, 0, 3, 4, 1).unbind(0)
 
 
-@_adapts(ChannelAttention)
-class DaViTChannelAttention(SwitchedWithoutDropout, ChannelAttention):
-    """``timm.models.davit.ChannelAttention``."""
+def _tokens(x: Tensor) -> Tensor:
+    """``(B, heads, C / heads, N)`` -> ``(B, N, C)``: the heads' channels back side by side per token."""
+    B, heads, d, N = x.shape
+    return x.permute(0, 3, 1, 2).reshape(B, N, heads * d)
+
+
+class DaViTChannels(SwitchedWithoutDropout):
+    """DaViT's two channel attentions: the per-head channel rows of ``qkv(x)`` in the :meth:`roles` timm gives
+    them, attended, projected."""
+
+    heads: int
+
+    def roles(self, q: Tensor, k: Tensor, v: Tensor, tokens: int) -> tuple[Tensor, Tensor, Tensor, float]:
+        """``(query, key, value, temperature)`` of ``attention()`` from timm's q, k, v."""
+        raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
-        q, k, v = _per_head_channels(self.qkv(x), self.num_heads)
-        x = self._attend(k, v, q, self.scale)  # (B, heads, d, N)
-        return self.proj(x.permute(0, 3, 1, 2).reshape(B, N, C))
+        q, k, v = _per_head_channels(self.qkv(x), self.heads)
+        return self.proj(_tokens(self._attend(*self.roles(q, k, v, x.shape[1]))))
+
+
+@_adapts(ChannelAttention)
+class DaViTChannelAttention(DaViTChannels, ChannelAttention):
+    """``timm.models.davit.ChannelAttention``: the channels of k query those of v; q is the value."""
+
+    heads = property(lambda self: self.num_heads)
+
+    def roles(self, q, k, v, tokens):
+        return k, v, q, self.scale
 
 
 @_adapts(ChannelAttentionV2)
-class DaViTChannelAttentionV2(SwitchedWithoutDropout, ChannelAttentionV2):
+class DaViTChannelAttentionV2(DaViTChannels, ChannelAttentionV2):
     """``timm.models.davit.ChannelAttentionV2``."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
-        q, k, v = _per_head_channels(self.qkv(x), self.groups)
-        x = self._attend(q, k, v, N**-0.5 if self.dynamic_scale else self.head_dim**-0.5)
-        return self.proj(x.permute(0, 3, 1, 2).reshape(B, N, C))
+    heads = property(lambda self: self.groups)
+
+    def roles(self, q, k, v, tokens):
+        return q, k, v, tokens**-0.5 if self.dynamic_scale else self.head_dim**-0.5
 
 
 @_adapts(CrossCovarianceAttn)
@@ -50,8 +69,6 @@ class EdgeNeXtChannelAttention(SwitchedAttention, CrossCovarianceAttn):
     """``timm.models.edgenext.CrossCovarianceAttn``."""
 
     def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
         q, k, v = _per_head_channels(self.qkv(x), self.num_heads)
         q, k = F.normalize(q, dim=-1) * self.temperature, F.normalize(k, dim=-1)
-        x = self._attend(q, k, v, 1.0)
-        return self.proj_drop(self.proj(x.permute(0, 3, 1, 2).reshape(B, N, C)))
+        return self.proj_drop(self.proj(_tokens(self._attend(q, k, v, 1.0))))
