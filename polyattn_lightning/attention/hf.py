@@ -13,7 +13,8 @@ window, chunked; causal and padding masks become ``is_causal`` and ``key_padding
 causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else causal as HF's SDPA path
 assumes; only when more than one query row), grouped-query attention (``num_key_value_groups``: the kv
 heads are repeated), ``scaling`` as the temperature, attention dropout (HF passes 0 in eval), and the
-(B, L, H, D) output layout. What it refuses, naming the module's class: ``softcap``, ``s_aux`` (attention
+(B, L, H, D) output layout. A cached-generation step (a few query rows, no mask, no gradient) takes
+:func:`decode_step`, two products without the general path's per-call overhead. What it refuses, naming the module's class: ``softcap``, ``s_aux`` (attention
 sinks) and ``position_bias``, which a non-softmax activation cannot take as they are meant.
 
 Why a probe: ``set_attn_implementation`` on a model whose attention does not call the interface (DeBERTa,
@@ -37,6 +38,7 @@ This module imports transformers; nothing else in the project does unless it is 
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import ConfigError, MissingPathError
 from .functional import attention
-from .registry import ActivationSpec, get_activation
+from .registry import Activation, ActivationSpec, compute_dtype, get_activation
 from .hf_calibration import fold_temperatures
 from .switched import AttentionInputs, Capture, SwitchedAttention
 
@@ -58,6 +60,9 @@ IMPLEMENTATION = "polyattn"
 CONFIG_KEY = "polyattn_attention"
 #: Keyword arguments of HF attention calls that a non-softmax activation cannot honour.
 UNSUPPORTED_KWARGS = ("softcap", "s_aux", "position_bias")
+#: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
+#: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
+DECODE_ROWS = 8
 #: Tokens per row of the probe forward (a few, so a causal model has more than one query row).
 PROBE_TOKENS = 6
 
@@ -97,25 +102,51 @@ def polyattn_attention(
                 f"(supported: models whose attention takes q, k, v, a mask, dropout and scaling only)"
             )
     spec = _spec_of(module)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query / multi-query attention: each kv head serves `groups` query heads
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     q_len = query.shape[2]
+    temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if (not causal and q_len <= DECODE_ROWS and not torch.is_grad_enabled() and not dropout
+                and getattr(module, "capture", None) is None and _probe is None):
+            act = get_activation(spec)
+            if not act.is_softmax:
+                return decode_step(query, key, value, act, temperature), None
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query / multi-query attention: each kv head serves `groups` query heads
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if attention_mask is None:
         if causal and key.shape[2] > q_len:
             # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
             key, value = key[:, :, :q_len], value[:, :, :q_len]
     else:
         causal, masks = split_mask(attention_mask)
-    temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     capture = _probe.capture if _probe is not None else getattr(module, "capture", None)
     if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
         seen = dict(masks, attn_mask=_causal(q_len, key.shape[2], query.device)) if causal else masks
         capture(module, AttentionInputs(query, key, value, temperature, **seen))
     out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
+    """A cached-generation step: a few query rows attending every key of the cache, no mask, no gradient.
+
+    ``phi(S) @ v`` in two products on the materialised ``(rows x cache)`` scores (small: a few rows), in fp32;
+    grouped-query heads by broadcasting (each kv head's query heads side by side), so the cache is not
+    repeated. The general path's checks, mask handling and kernel layout cost several times these products at
+    this size (BENCHMARKS.md). Returns HF's ``(B, Q, H, D)`` layout. Only taken without a mask and without
+    causality (one query row is never causal-masked), so every row attends all ``Nk`` keys: ``N = Nk``.
+    """
+    batch, heads, rows, dim = query.shape
+    kv_heads, num_keys = key.shape[1], key.shape[2]
+    dtype = compute_dtype(query)
+    device = query.device.type
+    with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
+        q = query.reshape(batch, kv_heads, (heads // kv_heads) * rows, dim).to(dtype)
+        scores = (q * temperature) @ key.to(dtype).transpose(-2, -1)
+        out = act(scores, float(num_keys)) @ value.to(dtype)
+    return out.view(batch, heads, rows, -1).transpose(1, 2).to(value.dtype).contiguous()
 
 
 def _spec_of(module: nn.Module) -> ActivationSpec:

@@ -144,6 +144,39 @@ def test_generation_with_the_kv_cache_matches_without():
         torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_cached_decoding_steps_equal_the_independent_reference(kv_heads):
+    """Each cached step (one query row, no mask, no gradient: :func:`decode_step`, the cache not repeated per
+    head) against the tests' own function generating with its own cache."""
+    model = tiny_llama(num_key_value_heads=kv_heads)
+    reference = with_reference(model)
+    set_attention(model, "poly3")
+    prompt = token_batch()[0][:1, :5]
+    runs = [
+        m.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True, output_logits=True,
+                   return_dict_in_generate=True, pad_token_id=0)
+        for m in (model, reference)
+    ]
+    for step, (ours, theirs) in enumerate(zip(runs[0].logits, runs[1].logits, strict=True)):
+        torch.testing.assert_close(ours, theirs.to(ours.dtype), atol=2e-5, rtol=1e-4, msg=f"step {step}")
+
+
+def test_decode_step_is_the_general_path_on_its_inputs():
+    """The short path and ``attention()`` agree for up to DECODE_ROWS rows, grouped heads, other activations."""
+    from polyattn_lightning.attention.functional import attention
+    from polyattn_lightning.attention.hf import DECODE_ROWS, decode_step
+    from polyattn_lightning.attention.registry import get_activation
+
+    generator = torch.Generator().manual_seed(0)
+    for rows, heads, kv_heads, name in ((1, 4, 2, "poly3"), (DECODE_ROWS, 6, 3, "relu"), (3, 2, 1, "softplus")):
+        q = torch.randn(2, heads, rows, 8, generator=generator)
+        k, v = (torch.randn(2, kv_heads, 11, 8, generator=generator) for _ in range(2))
+        groups = heads // kv_heads
+        expected = attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), name, temperature=0.3)
+        out = decode_step(q, k, v, get_activation(name), 0.3)
+        torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5, msg=name)
+
+
 def test_two_models_with_different_activations_in_one_process():
     softmax_model, poly_model = tiny_bert(), tiny_bert()
     ids, mask = token_batch()
