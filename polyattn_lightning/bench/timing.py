@@ -20,16 +20,20 @@ from torch.profiler import ProfilerActivity, profile
 def interleaved(steps: dict[str, Callable[[int], object]], repeats: int) -> dict[str, list[float]]:
     """Seconds per call of each step, after one warm-up call each, the steps run round-robin.
 
-    Each step gets the repeat's number (0 for the warm-up), e.g. to seed its RNG the same way
-    as the other steps of that round.
+    Each round starts one step later (a, b, c; b, c, a; ...): in a fixed order a step's time carries
+    what the step before it left behind (caches, allocator state), measured as a steady few percent for
+    the last of three EVA02-S training steps (BENCHMARKS.md). Repeats that are a multiple of the number of
+    steps give each position to every step equally often. Each step gets the repeat's number (0 for the
+    warm-up), e.g. to seed its RNG the same way as the other steps of that round.
     """
     for step in steps.values():
         step(0)
+    names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(repeats):
-        for name, step in steps.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            step(r + 1)
+            steps[name](r + 1)
             times[name].append(time.perf_counter() - start)
     return times
 

@@ -7,11 +7,13 @@ import torch
 from polyattn_lightning.bench.timing import interleaved, machine, step_peak_bytes
 
 
-def test_interleaved_warms_up_then_runs_round_robin_with_the_repeat_number():
+def test_interleaved_warms_up_then_runs_round_robin_starting_one_later_each_round():
     calls = []
-    times = interleaved({"a": lambda r: calls.append(("a", r)), "b": lambda r: calls.append(("b", r))}, repeats=2)
-    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
-    assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2}
+    steps = {name: (lambda r, name=name: calls.append((name, r))) for name in "abc"}
+    times = interleaved(steps, repeats=3)
+    assert calls == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1), ("b", 2), ("c", 2), ("a", 2),
+                     ("c", 3), ("a", 3), ("b", 3)]
+    assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3, "c": 3}
     assert all(t >= 0 for samples in times.values() for t in samples)
 
 
