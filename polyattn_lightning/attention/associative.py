@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .blocked import flatten_heads
 from .cpp import load
-from .registry import compute_dtype
+from .registry import autocast_off, compute_dtype
 
 #: Queries per chunk of the causal form: the ``C x C`` block within a chunk costs O(N C d),
 #: the prefix sums across chunks O(N d dv / C) memory.
@@ -46,7 +46,7 @@ class AssociativeAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, keep, s):
         shape4 = q.shape
         dtype = compute_dtype(q)
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             q3, k3, v3 = (flatten_heads(x, dtype) for x in (q, k, v))
             if _in_cpp(q3):
                 out, kv = torch.ops.polyattn_cpu.associative_forward(q3, k3, v3, keep, s)
@@ -62,7 +62,7 @@ class AssociativeAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q3, k3, v3, kv, keep, s = ctx.saved_tensors
-        with torch.autocast(grad_out.device.type, enabled=False):
+        with autocast_off(grad_out.device.type):
             do = flatten_heads(grad_out, q3.dtype)
             if _in_cpp(q3):
                 dq, dk, dv = torch.ops.polyattn_cpu.associative_backward(q3, k3, v3, kv, do, keep, s)
@@ -125,7 +125,7 @@ def causal_associative(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor, allow
     batch, heads, nq, _ = q.shape
     nk, dv = k.shape[-2], v.shape[-1]
     dtype, out_dtype = compute_dtype(q), v.dtype
-    with torch.autocast(q.device.type, enabled=False):
+    with autocast_off(q.device.type):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if allowed is not None:  # padded keys and values zeroed (selected: an inf there gives no NaN)
             padded = ~allowed.expand(batch, heads, 1, nk).transpose(-2, -1)
@@ -164,7 +164,7 @@ class CausalAssociativeCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, keep, s, causal: int, chunk: int):
         dtype = compute_dtype(q)
-        with torch.autocast("cpu", enabled=False):
+        with autocast_off("cpu"):
             q3, k3, v3 = (flatten_heads(x, dtype) for x in (q, k, v))
             out = torch.ops.polyattn_cpu.associative_causal_forward(q3, k3, v3, keep, s, causal, chunk)
         ctx.save_for_backward(q3, k3, v3, keep, s)
@@ -176,7 +176,7 @@ class CausalAssociativeCPU(torch.autograd.Function):
     def backward(ctx, grad_out):
         q3, k3, v3, keep, s = ctx.saved_tensors
         causal, chunk, *dtypes = ctx.meta
-        with torch.autocast("cpu", enabled=False):
+        with autocast_off("cpu"):
             g = (flatten_heads(grad_out, q3.dtype) * s[..., None]).contiguous()
             grads = torch.ops.polyattn_cpu.associative_causal_backward(q3, k3, v3, g, keep, causal, chunk)
         shapes = (*grad_out.shape[:2], -1)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .registry import Activation, compute_dtype
+from .registry import Activation, autocast_off, compute_dtype
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
 #: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
@@ -240,7 +240,7 @@ class BlockedAttention(torch.autograd.Function):
                 causal: int | None):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             n = n.to(dtype)
             row_scale = act.row_scale(n) / (1.0 - dropout_p)
             tiles = _Tiles(
@@ -271,7 +271,7 @@ class BlockedAttention(torch.autograd.Function):
         q, k, v, bias, row_scale = ctx.saved_tensors
         act, t, tiles = ctx.act, ctx.t, ctx.tiles
         dtype = row_scale.dtype
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             # Operands in both layouts, so that no product needs a transposed tile;
             # dK and dV accumulate transposed, (B*H, d, Nk).
             q_t, k3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype)

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .functional import attention, resolve_scores
 from .masks import keys_per_row, with_causal
-from .registry import ActivationSpec
+from .registry import ActivationSpec, autocast_off
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def attention_norms(
     rows = max(1, BLOCK_ELEMENTS // (B * H * k.shape[-2]))
     phi_sq = torch.zeros(B, H, dtype=torch.float64, device=q.device)
     jac_sq = torch.zeros_like(phi_sq)
-    with torch.autocast(q.device.type, enabled=False):
+    with autocast_off(q.device.type):
         q, k = q.float() * t, k.float()
         for start in range(0, nq, rows):
             block = slice(start, start + rows)

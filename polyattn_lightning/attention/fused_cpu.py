@@ -41,15 +41,13 @@ the blocked kernel runs instead.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .blocked import as_4d, flatten_heads, grad_gain
 from .cpp import load
-from .registry import Activation, compute_dtype
+from .registry import Activation, autocast_off, compute_dtype
 
 #: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
 #: backward's three 128 x 256 tiles stay in L2; measured best on the benchmark machine.
@@ -91,19 +89,13 @@ def key_lengths(allowed: Tensor | None, batch: int, nk: int) -> tuple[Tensor | N
     return lengths.expand(batch).contiguous(), None if prefix else allowed
 
 
-def cpu_autocast_off():
-    """Autocast off for the kernels' fp32 operands; a no-op context when it is off already (the common case:
-    entering ``torch.autocast`` costs about as much as a decoding step's kernel call)."""
-    return torch.autocast("cpu", enabled=False) if torch.is_autocast_enabled("cpu") else nullcontext()
-
-
 def fused_forward(q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
                   causal: int | None) -> tuple[Tensor, tuple, tuple]:
     """The forward of :class:`FusedCPUAttention`: ``(out, tensors the backward needs, its metadata)``."""
     shape4 = (*q.shape[:3], k.shape[-2])
     dtype = compute_dtype(q)
     form, power = act.fused_form
-    with cpu_autocast_off():
+    with autocast_off("cpu"):
         row_scale, row_shift = act.per_row(n, shape4, dtype, shift=act.shift is not None)
         if dropout_p:
             row_scale = row_scale / (1.0 - dropout_p)
@@ -143,7 +135,7 @@ class FusedCPUAttention(torch.autograd.Function):
         shape4, t, act, bias_shape, rng, causal = ctx.meta
         form, power = act.fused_form
         want_bias = bias is not None and ctx.needs_input_grad[3]
-        with cpu_autocast_off():
+        with autocast_off("cpu"):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
                 q3, k3, v3, dout, row_shift, bias, mask, lengths, want_bias, shape4[1], form, power, *rng,

@@ -38,7 +38,6 @@ This module imports transformers; nothing else in the project does unless it is 
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import ConfigError, MissingPathError
 from .functional import attention
-from .registry import Activation, ActivationSpec, compute_dtype, get_activation
+from .registry import Activation, ActivationSpec, get_activation
 from .hf_calibration import fold_temperatures
 from .switched import AttentionInputs, Capture, SwitchedAttention
 
@@ -132,21 +131,20 @@ def polyattn_attention(
 def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
     """A cached-generation step: a few query rows attending every key of the cache, no mask, no gradient.
 
-    ``phi(S) @ v`` in two products on the materialised ``(rows x cache)`` scores (small: a few rows), in fp32;
-    grouped-query heads by broadcasting (each kv head's query heads side by side), so the cache is not
-    repeated. The general path's checks, mask handling and kernel layout cost several times these products at
-    this size (BENCHMARKS.md). Returns HF's ``(B, Q, H, D)`` layout. Only taken without a mask and without
-    causality (one query row is never causal-masked), so every row attends all ``Nk`` keys: ``N = Nk``.
+    The materialized kernel on the small ``(rows x cache)`` scores, grouped-query heads side by side on their kv
+    head (broadcast, so the cache is not repeated). The general path's checks, mask handling and kernel layout
+    cost several times these products at this size (BENCHMARKS.md). Returns HF's ``(B, Q, H, D)`` layout. Only
+    taken without a mask and without causality (one query row is never causal-masked), so every row attends all
+    ``Nk`` keys: ``N = Nk``.
     """
+    from .kernels import materialized  # late import, as attention()'s: it loads the Triton and C++ kernel modules
+
     batch, heads, rows, dim = query.shape
     kv_heads, num_keys = key.shape[1], key.shape[2]
-    dtype = compute_dtype(query)
-    device = query.device.type
-    with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
-        q = query.reshape(batch, kv_heads, (heads // kv_heads) * rows, dim).to(dtype)
-        scores = (q * temperature) @ key.to(dtype).transpose(-2, -1)
-        out = act(scores, float(num_keys)) @ value.to(dtype)
-    return out.view(batch, heads, rows, -1).transpose(1, 2).to(value.dtype).contiguous()
+    grouped = query.reshape(batch, kv_heads, (heads // kv_heads) * rows, dim)
+    keys = torch.full((1, 1, 1, 1), float(num_keys), device=query.device)
+    out = materialized(grouped, key, value, act, temperature, None, None, keys, 0.0)
+    return out.view(batch, heads, rows, -1).transpose(1, 2).contiguous()
 
 
 def _spec_of(module: nn.Module) -> ActivationSpec:

@@ -24,7 +24,7 @@ from .associative import associative
 from .blocked import blocked
 from .fused_cpu import fused_cpu
 from .masks import with_causal
-from .registry import compute_dtype
+from .registry import autocast_off, compute_dtype
 from .triton_kernel import triton_attention
 
 
@@ -32,7 +32,7 @@ def materialized(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> T
     """The whole ``N x N`` score matrix at once: simplest, for small shapes and as a reference."""
     allowed = with_causal(allowed, causal, q.shape[-2], k.shape[-2], q.device)
     dtype = compute_dtype(q)
-    with torch.autocast(q.device.type, enabled=False):
+    with autocast_off(q.device.type):
         s = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * t
         if bias is not None:
             s = s + bias.to(dtype)

@@ -19,6 +19,8 @@ parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import inspect
 import numbers
 import re
@@ -123,6 +125,12 @@ class Activation:
             raise ValueError("softmax is not elementwise; its Jacobian is not phi'(S)")
         n = _counts_like(n, scores)
         return self.row_scale(n) * self.grad(scores + self.row_shift(n))
+
+
+def autocast_off(device_type: str):
+    """Autocast off for the fp32 scores of a non-softmax activation; a no-op context when it is off already (the
+    common case: entering ``torch.autocast`` costs about as much as a decoding step's kernel call)."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
