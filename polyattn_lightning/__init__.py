@@ -1,3 +1,29 @@
-"""polyattn_lightning: Lightning training for transformers whose attention is not (only) softmax."""
+"""polyattn_lightning: Lightning training for transformers whose attention is not (only) softmax.
+
+``from polyattn_lightning import set_attention`` imports what they need on first use: importing the
+package imports neither timm nor transformers.
+"""
+from . import deprecated
 
 __version__ = "0.1.0"
+
+deprecated.install()
+
+#: Top-level names, imported on first use: ``name -> module``.
+_LAZY = {
+    "kernel_choice": "polyattn_lightning.attention.functional",
+    "set_attention": "polyattn_lightning.attention.switch",
+    "get_activation": "polyattn_lightning.attention.registry",
+    "register_activation": "polyattn_lightning.attention.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["get_activation", "kernel_choice", "register_activation", "set_attention"]

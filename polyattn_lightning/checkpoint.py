@@ -1,7 +1,7 @@
 """Checkpoint files that are safe to load and never half-written.
 
 :class:`SafeCheckpointIO` is the trainer's ``CheckpointIO`` plugin (see
-``configs/trainer/``); :func:`load_checkpoint` is the same loading for any
+``configs/classification/trainer/``); :func:`load_checkpoint` is the same loading for any
 other file, e.g. weights passed to a task by path.
 
 Loading uses ``torch.load(weights_only=True)``: a checkpoint from the internet

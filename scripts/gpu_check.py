@@ -8,7 +8,7 @@ skipped and the summary says which and why. Parts, each in a subprocess with
 its own time limit (a part that hangs or crashes does not take the others
 along):
 
-1. ``tests``: ``pytest -m cuda tests/attention/test_triton_cuda.py``: the Triton
+1. ``tests``: ``pytest -m cuda tests/attention/kernels/test_triton_cuda.py``: the Triton
    kernel compiled for this GPU against the reference, values and gradients,
    fp32/bf16/fp16, masks, Swin bias, ragged shapes, large ``|S|`` in fp16,
    dropout, B*H > 65535, torch.compile.
@@ -119,7 +119,7 @@ def part_tests(env: dict, out: Path) -> dict:
     if missing:
         return {"status": "skipped", "reason": f"{' and '.join(missing)} not installed"}
     result = _run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfEs",
-                   "tests/attention/test_triton_cuda.py"], LIMITS["tests"], out / "tests.log")
+                   "tests/attention/kernels/test_triton_cuda.py"], LIMITS["tests"], out / "tests.log")
     summary = [line for line in result["output_tail"].splitlines() if " passed" in line or " failed" in line]
     result["pytest"] = summary[-1] if summary else None
     if result["status"] == "passed" and "skipped" in (result["pytest"] or ""):
@@ -164,7 +164,7 @@ def vit_step(path: Path, device: str = "cuda", model_name: str = "vit_small_patc
     import torch
     import torch._dynamo
 
-    from polyattn_lightning.attention.timm_patch import set_attention
+    from polyattn_lightning.attention import set_attention
 
     runs = []
     compile_ok = _version("triton") is not None

@@ -18,7 +18,7 @@ from torch import nn
 
 from polyattn_lightning import cli
 from polyattn_lightning.attention import get_activation
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -1,6 +1,15 @@
-"""Registry attention: softmax replaced by polynomial, ReLU, SoftPlus, sigmoid... activations."""
-from .diagnostics import attention_norms
-from .functional import KERNELS, attention
+"""Registry attention: softmax replaced by polynomial, ReLU, SoftPlus, sigmoid... activations.
+
+The op: :func:`attention` (``functional.py``), the activation registry (``registry.py``), masks
+(``masks.py``), the dtype policy (``dtypes.py``) and the fused forms every kernel reads (``forms.py``). Two
+rooms below it: ``kernels/`` (one module per backend, and the ``pick()`` that chooses) and ``switch/`` (the
+one door, :func:`set_attention`, with a folder per library). Where to add what:
+
+* an activation: ``@register_activation`` (``registry.py``; a fused form also in ``forms.py``);
+* a kernel backend: ``kernels/`` (its docstring has the recipe);
+* a timm family: ``switch/timm/`` (its docstring has the recipe); an HF model: ``switch/hf/``.
+"""
+from .functional import attention, kernel_choice
 from .registry import (
     Activation,
     ActivationSpec,
@@ -9,15 +18,38 @@ from .registry import (
     register_activation,
     registered_activations,
 )
+from .. import deprecated
+
+#: Imported on first use: the switch imports a library only for its models.
+_LAZY = {
+    "KERNELS": "polyattn_lightning.attention.kernels",
+    "set_attention": "polyattn_lightning.attention.switch",
+    "SwitchedAttention": "polyattn_lightning.attention.switch.base",
+    "attention_modules": "polyattn_lightning.attention.switch.base",
+    "register_adapter": "polyattn_lightning.attention.switch.base",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    return deprecated.attribute(__name__, name)
+
 
 __all__ = [
     "Activation",
     "ActivationSpec",
     "KERNELS",
+    "SwitchedAttention",
     "attention",
-    "attention_norms",
+    "attention_modules",
     "describe",
     "get_activation",
+    "kernel_choice",
     "register_activation",
+    "register_adapter",
     "registered_activations",
+    "set_attention",
 ]

@@ -1,32 +1,18 @@
-"""``attention()``: the one public entry point; it picks the kernel.
-
-Dispatch, in order:
-
-1. ``softmax`` -> PyTorch's fused ``scaled_dot_product_attention``.
-2. ``poly1`` with no pairwise mask, bias or dropout -> the exact associative
-   form ``q @ (k^T v)``, O(N d^2) instead of O(N^2 d); causal too, as chunked
-   prefix sums of ``k^T v`` (still linear time, exact).
-3. A built-in elementwise activation -> a fused kernel (masks, score bias and
-   in-kernel dropout included): Triton on CUDA, C++ on CPU. Each Triton launch
-   configuration is checked once against the blocked kernel first
-   (``triton_selfcheck.py``); where it fails (or cannot compile for the GPU), a
-   warning names the configuration and the error once and step 4 runs instead.
-   fp32 inputs on CUDA at ``torch.get_float32_matmul_precision() == 'highest'``
-   (the default) go to step 4 too: Triton has no IEEE fp32 tensor cores, cuBLAS does it better.
-4. Anything elementwise -> the blocked PyTorch kernel (CPU and GPU).
+"""``attention()``: the one public entry point. It resolves the activation, temperature and masks once
+(:func:`resolve_scores`) and hands them to a kernel backend (:mod:`~polyattn_lightning.attention.kernels`):
+the one named by ``kernel=``, or the one ``auto`` picks (:func:`kernel_choice` says which and why).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import Masks, causal_mask, check_broadcast, keys_per_row, normalize_masks
+from .masks import Masks, check_broadcast, keys_per_row, normalize_masks
 from .registry import Activation, ActivationSpec, get_activation
 
-KERNELS = ("auto", "sdpa", "associative", "triton", "fused_cpu", "blocked", "materialized")
+if TYPE_CHECKING:
+    from .kernels import KernelChoice, KernelInputs
 
 
 def attention(
@@ -60,28 +46,49 @@ def attention(
             top-left ``is_causal``). Combines with both masks; ``N`` is the number of keys a row may
             attend, so it grows along the sequence. The tiled kernels skip the tiles above the
             diagonal, and causal ``poly1`` stays linear-time and exact (``associative.py``).
-        kernel: force one implementation (see ``KERNELS``); ``auto`` picks the fastest that applies.
+        kernel: a backend's name (``polyattn_lightning.attention.KERNELS``), or ``auto``, which picks the fastest
+            that applies (:func:`kernel_choice` says which and why).
 
     Non-softmax scores and activations are computed in fp32 (also under autocast);
     the output has the input dtype. A query with no attendable key gets a zero output.
     """
-    _check_inputs(q, k, v, dropout_p, kernel)
+    _check_inputs(q, k, v, dropout_p)
+    inputs = kernel_inputs(q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p,
+                           is_causal)
+    from . import kernels
+
+    return kernels.run(kernel, inputs)
+
+
+#: The keywords of ``attention()`` that decide the kernel.
+CHOICE_OPTIONS = ("scale", "temperature", "key_padding_mask", "attn_mask", "attn_bias", "dropout_p", "is_causal")
+
+
+def kernel_choice(q: Tensor, k: Tensor, v: Tensor, activation: ActivationSpec = "softmax", **options) -> "KernelChoice":
+    """Which kernel ``attention(q, k, v, activation, **options)`` runs with ``kernel="auto"``, and why each other
+    one was passed over: ``print(kernel_choice(...))`` lists them. ``options`` are ``attention()``'s keywords."""
+    unknown = sorted(set(options) - set(CHOICE_OPTIONS))
+    if unknown:
+        raise TypeError(f"kernel_choice() got unknown options {unknown}; expected attention()'s {CHOICE_OPTIONS}")
+    _check_inputs(q, k, v, options.get("dropout_p", 0.0))
+    from . import kernels
+
+    return kernels.pick(kernel_inputs(
+        q, k, v, activation, options.get("scale"), options.get("temperature"), options.get("key_padding_mask"),
+        options.get("attn_mask"), options.get("attn_bias"), options.get("dropout_p", 0.0), options.get("is_causal", False),
+    ))
+
+
+def kernel_inputs(q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p,
+                  is_causal) -> "KernelInputs":
+    """``attention()``'s arguments as the kernels take them (:class:`~.kernels.base.KernelInputs`)."""
+    from .kernels import KernelInputs  # on first use: importing the backends loads torch._dynamo (a second or so)
+
     act, t, masks = resolve_scores(
         q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, is_causal=is_causal
     )
-    if act.is_softmax:
-        if kernel not in ("auto", "sdpa"):
-            raise ValueError(f"softmax runs only on kernel 'sdpa', not {kernel!r}")
-        return _sdpa(q, k, v, masks, attn_bias, t, dropout_p)
-
-    n = keys_per_row(masks.allowed, k.shape[-2], q.device, masks.causal)
-    if kernel == "auto":
-        # ``allowed`` is a key-padding mask only when no attn_mask was merged into it
-        key_padding_only = key_padding_mask if attn_mask is None else None
-        kernel = _pick_kernel(q, act, masks.allowed, attn_bias, dropout_p, key_padding_only, masks.causal, k, v)
-    from . import kernels  # late import: it loads the Triton and C++ kernel modules (triton takes seconds to import)
-
-    return kernels.run(kernel, q, k, v, act, t, masks.allowed, attn_bias, n, dropout_p, causal=masks.causal)
+    n = None if act.is_softmax else keys_per_row(masks.allowed, k.shape[-2], q.device, masks.causal)
+    return KernelInputs(q, k, v, act, t, masks, attn_bias, n, float(dropout_p))
 
 
 class ScoreSpec(NamedTuple):
@@ -104,9 +111,7 @@ def resolve_scores(
     return ScoreSpec(act, t, masks)
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str) -> None:
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {KERNELS}")
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v must be 4-D (B, H, N, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
@@ -118,66 +123,3 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, kernel: str
         )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-
-
-def _pick_kernel(q, act, allowed, attn_bias, dropout_p, key_padding_mask, causal: int | None = None, k=None,
-                 v=None) -> str:
-    """``key_padding_mask`` is given only when ``allowed`` holds nothing else (no attn_mask);
-    ``causal`` is the causal offset (``Masks.causal``) or None; ``k`` and ``v`` default to ``q``'s shape."""
-    pairwise_mask = allowed is not None and key_padding_mask is None
-    if act.associative and not pairwise_mask and attn_bias is None and dropout_p == 0.0:
-        return "associative"  # causal too: chunked prefix sums, linear time
-    from .fused_cpu import fused_cpu_supports
-    from .triton_kernel import triton_preferred, triton_supports
-
-    if triton_supports(q, act) and triton_preferred(q):
-        from .triton_selfcheck import triton_verified
-
-        k = q if k is None else k
-        if triton_verified(q, k, k if v is None else v, act, allowed, attn_bias, dropout_p, causal):
-            return "triton"
-    if fused_cpu_supports(q, act):  # with in-kernel dropout
-        return "fused_cpu"
-    return "blocked"
-
-
-def _sdpa(q, k, v, masks, attn_bias, t, dropout_p) -> Tensor:
-    """Softmax on SDPA; rows with no attendable key give zeros instead of NaN.
-
-    A float mask or bias is cast to q's dtype: SDPA refuses one of another dtype (fp32 aside).
-    Causal alone: SDPA's own ``is_causal`` for ``Nq == Nk`` (its fastest path), the lower-right
-    ``CausalBias`` for ``Nq < Nk``; otherwise (``Nq > Nk``: rows with no key, or other masks)
-    the causal mask is materialised into the boolean / additive mask.
-    """
-    nq, nk = q.shape[-2], k.shape[-2]
-    if masks.causal is not None and masks.allowed is None and attn_bias is None and masks.causal >= 0:
-        if masks.causal == 0:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=t)
-        from torch.nn.attention.bias import causal_lower_right
-
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_lower_right(nq, nk), dropout_p=dropout_p, scale=t
-        )
-    if masks.causal is not None:
-        tri = causal_mask(nq, nk, q.device)
-        additive = None if masks.additive is None else masks.additive.masked_fill(~tri, float("-inf"))
-        masks = Masks(tri if masks.allowed is None else masks.allowed & tri, additive)
-    mask = masks.additive.to(q.dtype) if masks.additive is not None else masks.allowed
-    if attn_bias is not None:
-        bias = attn_bias.to(q.dtype)
-        if mask is None:
-            mask = bias
-        elif mask.dtype == torch.bool:
-            mask = bias.masked_fill(~mask, float("-inf"))
-        else:
-            mask = bias + mask
-    empty = None
-    if masks.allowed is not None:
-        empty = ~masks.allowed.any(dim=-1, keepdim=True)
-        # unmask empty rows so SDPA stays finite, then zero them; compiled: always, so no data-dependent branch
-        if torch.compiler.is_compiling() or bool(empty.any()):
-            mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
-        else:
-            empty = None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=t)
-    return out.masked_fill(empty, 0.0) if empty is not None else out

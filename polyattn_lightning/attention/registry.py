@@ -19,8 +19,6 @@ parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import inspect
 import numbers
 import re
@@ -32,15 +30,13 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, UnknownNameError
+from .dtypes import compute_dtype
+from .forms import FusedForm, form_of
 
 ElementwiseFn = Callable[[Tensor], Tensor]
 
 #: The length scales ``c(n)`` known by name; a float is a fixed scale.
 LENGTH_SCALES = ("inv_sqrt_n", "inv_n", "none")
-
-
-#: Codes of the activation forms the fused kernels implement, by ``Activation.kernel[0]``.
-FUSED_FORMS = {"poly": 0, "relu": 1, "softplus": 2, "sigmoid": 3}
 
 
 @dataclass(frozen=True)
@@ -96,11 +92,10 @@ class Activation:
         return torch.zeros_like(n)
 
     @property
-    def fused_form(self) -> tuple[int, int] | None:
-        """``(form code, power)`` as the fused kernels take it, or None for a form they do not know."""
-        if self.kernel[:1] == () or self.kernel[0] not in FUSED_FORMS:
-            return None
-        return FUSED_FORMS[self.kernel[0]], (self.kernel[1] if self.kernel[0] == "poly" else 1)
+    def fused_form(self) -> tuple[FusedForm, int] | None:
+        """``(form, power)`` as the fused kernels take it (:mod:`~polyattn_lightning.attention.forms`), or None
+        for a form they do not know (a custom activation: it runs on the blocked kernel)."""
+        return form_of(self.kernel)
 
     def per_row(self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype,
                 shift: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -125,17 +120,6 @@ class Activation:
             raise ValueError("softmax is not elementwise; its Jacobian is not phi'(S)")
         n = _counts_like(n, scores)
         return self.row_scale(n) * self.grad(scores + self.row_shift(n))
-
-
-def autocast_off(device_type: str):
-    """Autocast off for the fp32 scores of a non-softmax activation; a no-op context when it is off already (the
-    common case: entering ``torch.autocast`` costs about as much as a decoding step's kernel call)."""
-    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
-
-
-def compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype of non-softmax scores and ``phi(S)``: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 (gradcheck)."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _counts_like(n: Tensor | float, scores: Tensor) -> Tensor:
@@ -308,7 +292,6 @@ __all__ = [
     "Activation",
     "ActivationSpec",
     "LENGTH_SCALES",
-    "compute_dtype",
     "describe",
     "get_activation",
     "register_activation",

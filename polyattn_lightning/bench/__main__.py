@@ -5,7 +5,7 @@ import importlib
 import sys
 
 BENCHMARKS = {"attention": "attention", "detection": "detection", "diagnostics": "diagnostics", "hf": "hf",
-              "lra": "lra", "timm": "timm_models", "triton-static": "triton_static"}
+              "lra": "lra", "timm": "timm_models", "timm-support": "timm_support", "triton-static": "triton_static"}
 
 
 def main(argv: list[str] | None = None) -> int:

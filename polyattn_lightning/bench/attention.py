@@ -41,8 +41,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..attention import attention, cpp
-from ..attention.functional import KERNELS
+from ..attention import attention
+from ..attention.kernels import cpp
+from ..attention.kernels import KERNELS
 from .timing import machine, step_peak_bytes, write_report
 
 #: Named shapes (B, H, N, d).

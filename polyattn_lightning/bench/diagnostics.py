@@ -26,8 +26,9 @@ import time
 import warnings
 from pathlib import Path
 
-from ..callbacks.attention_maps import attention_pictures
-from ..callbacks.attention_norms import AttentionNorms, probe_batch
+from ..diagnostics.figures import attention_pictures
+from ..callbacks.attention_norms import AttentionNorms
+from ..diagnostics.probe import probe_batch
 from ..cli import make_cli
 from . import CONFIGS
 from .timing import machine, write_report

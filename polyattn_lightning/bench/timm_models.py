@@ -23,7 +23,7 @@ import timm
 import torch
 import yaml
 
-from ..attention.timm_patch import set_attention
+from ..attention import set_attention
 from .timing import interleaved, machine, write_report
 
 DEFAULT_MODELS = ("eva02_small_patch14_224", "beit_base_patch16_224")

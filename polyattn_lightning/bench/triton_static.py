@@ -3,7 +3,7 @@
     python -m polyattn_lightning.bench triton-static --jobs 2 --json triton_static.json [--markdown]
 
 For every case of ``matrix()`` the three kernels (forward, dK/dV, dQ) are
-compiled as the launch table ships them (``attention/triton_static.py``), and
+compiled as the launch table ships them (``bench/triton_compile.py``), and
 the figures (shared memory, registers, spills, the MMA kind of each product)
 are checked against ``GOALS``. The goals hold for Triton ``GOAL_TRITON``;
 under another Triton the figures are reported without a verdict.
@@ -52,7 +52,7 @@ def matrix() -> list[tuple[dict, int]]:
 
 
 def _compile(item: tuple[dict, int]) -> list[dict]:
-    from ..attention.triton_static import Case, compile_case
+    from .triton_compile import Case, compile_case
 
     fields, arch = item
     case = Case(**fields)

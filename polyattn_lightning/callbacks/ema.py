@@ -1,4 +1,4 @@
-"""The EMA of the weights (opt-in: ``configs/trainer/callbacks/ema.yaml``): Lightning's ``EMAWeightAveraging``,
+"""The EMA of the weights (opt-in: ``configs/classification/trainer/callbacks/ema.yaml``): Lightning's ``EMAWeightAveraging``,
 without a warning that does not apply to the strategies that build whole models.
 
 Lightning's ``WeightAveraging`` makes its averaged copy in ``setup()``, which runs before Lightning calls the

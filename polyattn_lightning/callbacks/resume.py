@@ -1,51 +1,22 @@
 """What a Lightning checkpoint lacks for an exact resume: RNG states, and (a Lightning bug) the loader position."""
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 
 from ..data.resumable import ResumableDataLoader
+from .. import deprecated
 from ..distributed import gather_objects
+from ..rng import capture_rng_state, restore_rng_state
 
 #: The checkpoint key: a list of RNG state dicts indexed by global rank.
 RNG_KEY = "rng_states"
 #: The checkpoint key: the ``max_epochs`` and ``max_steps`` of the run that saved it, which its lr schedule was made for.
 LIMITS_KEY = "trainer_limits"
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This process's torch (CPU and every CUDA device's: the Triton kernel draws its dropout seed on the
-    tensors' device), numpy and python RNG states, as weights_only-loadable values."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),  # a list, not an ndarray: weights_only refuses arrays
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    kind, key, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        if isinstance(state["cuda"], torch.Tensor):  # checkpoints before per-device states: the current device's
-            torch.cuda.set_rng_state(state["cuda"])
-        else:
-            for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(device_state, device)
 
 
 class ExactResume(Callback):
@@ -120,3 +91,7 @@ class ExactResume(Callback):
 
 def _limits(limits: dict[str, int]) -> str:
     return ", ".join(f"{key}={value}" for key, value in limits.items())
+
+
+def __getattr__(name: str):
+    return deprecated.attribute(__name__, name)

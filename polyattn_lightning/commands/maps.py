@@ -18,7 +18,7 @@ from lightning.pytorch import LightningModule
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 
 from .. import tasks
-from ..callbacks.attention_maps import attention_pictures
+from ..diagnostics.figures import attention_pictures
 from ..checkpoint import load_checkpoint
 from ..data.base import read_rgb
 from ..errors import ConfigError

@@ -20,7 +20,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from ..attention import describe, get_activation
-from ..callbacks.attention_norms import QUANTITIES
+from ..diagnostics.norms import QUANTITIES
 from ..errors import ConfigError, MissingPathError
 
 #: ``attention/<quantity>/layer<NN>/mean``: the head averages the figure draws.

@@ -22,13 +22,13 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from ..attention import ActivationSpec, get_activation
-from ..attention.timm_patch import SwitchedAttention
+from ..attention.switch.base import SwitchedAttention
 
 
 class LRAAttention(SwitchedAttention):
     """Multi-head self-attention with a key padding mask, through ``attention()``.
 
-    It is a :class:`~polyattn_lightning.attention.timm_patch.SwitchedAttention`, so
+    It is a :class:`~polyattn_lightning.attention.switch.base.SwitchedAttention`, so
     ``set_attention`` re-switches it and the diagnostics find it with
     ``attention_modules`` and read it through ``capture`` like a switched timm module.
     The captured :class:`AttentionInputs` carry the padding as ``key_padding_mask`` (True = padding).

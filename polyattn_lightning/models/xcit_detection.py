@@ -7,7 +7,7 @@ BatchNorm, GELU, transposed conv / one transposed conv / identity / 2x2 max-pool
 itself is timm's ``Xcit`` (so timm and official weights load), with the classification parts
 (class token, class-attention blocks, final norm, head) pruned, the same drop-path rate on every
 block as timm and the authors have it, and the Fourier position encoding computed for each input's
-size. Its XCA attention goes through :func:`~polyattn_lightning.attention.timm_patch.set_attention`:
+size. Its XCA attention goes through :func:`~polyattn_lightning.attention.set_attention`:
 XCA attends over the ``d x d`` channel map, so ``N`` in a length scale is the head dim (48 for
 XCiT-S); the paper's runs use the fixed ``scale: 0.0714`` (1/14).
 
@@ -30,7 +30,7 @@ from timm.models.xcit import Xcit, checkpoint_filter_fn
 from torch import Tensor, nn
 
 from ..attention.registry import ActivationSpec
-from ..attention.timm_patch import set_attention
+from ..attention.switch import set_attention
 from ..checkpoint import CheckpointLoadError, describe_error, load_checkpoint
 from ..errors import ConfigError, MissingPathError, UnknownNameError
 

@@ -4,13 +4,17 @@ in YAML.
 ``detection`` imports mmdet only when a DetectionModule is built, so other tasks never load it; ``hf`` imports
 transformers only when an HF model is built.
 """
+from .. import deprecated
 from .base import TaskModule
 from .classification import ClassificationModule, MixupRecipe, Recipe
 from .detection import DetectionModule
 from .hf import HFCausalLM, HFSequenceClassification
 from .lra import LRAModule
-from .models import create_timm_model
 from .optim import OptimRecipe
 
 __all__ = ["ClassificationModule", "DetectionModule", "HFCausalLM", "HFSequenceClassification", "LRAModule",
-           "MixupRecipe", "OptimRecipe", "Recipe", "TaskModule", "create_timm_model"]
+           "MixupRecipe", "OptimRecipe", "Recipe", "TaskModule"]
+
+
+def __getattr__(name: str):
+    return deprecated.attribute(__name__, name)

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from ..attention import ActivationSpec, get_activation
-from ..attention.timm_patch import set_attention
-from ..callbacks.attention_norms import default_probe
+from ..attention.switch import set_attention
+from ..diagnostics.probe import default_probe
 from ..errors import ConfigError, UserInputError
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 

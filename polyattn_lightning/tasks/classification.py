@@ -13,11 +13,11 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
-from ..attention.timm_probe import image_probe
+from ..attention.switch.timm.probe import image_probe
 from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError, UserInputError
 from .base import TaskModule, as_dataclass, logits_evaluation
-from .models import check_model_name, create_timm_model, resolve_pretrained_file
+from ..models.timm_builder import check_model_name, create_timm_model, resolve_pretrained_file
 from .optim import OptimRecipe
 
 

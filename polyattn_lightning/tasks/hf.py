@@ -16,7 +16,7 @@ id) and its lengths against the model's positions.
 Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weights after the test that ends
 ``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder; its
 ``config.json`` carries the activation (``polyattn_attention``) and
-:func:`polyattn_lightning.attention.hf.load_pretrained` loads it back switched to it.
+:func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it back switched to it.
 
 transformers is imported only when a model is built.
 """
@@ -140,7 +140,7 @@ class HFTask(TaskModule):
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
-        rank_zero_info(f"exported the model to {folder} (load it with polyattn_lightning.attention.hf.load_pretrained)")
+        rank_zero_info(f"exported the model to {folder} (load it with polyattn_lightning.attention.switch.hf.load_pretrained)")
         return folder
 
 

@@ -14,7 +14,7 @@ from training_helpers import (CONFIGS, QUICKSTART, built, config_piece, experime
                               resolved_config, runs_activation)
 
 from polyattn_lightning import cli
-from polyattn_lightning.tasks.models import create_timm_model
+from polyattn_lightning.models.timm_builder import create_timm_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -53,9 +53,9 @@ def test_experiment_config_builds(request, tmp_path, monkeypatch, path: Path):
 def test_every_shared_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
     # detection, LRA and HF keep their experiments and pieces under configs/detection, configs/lra and configs/hf
-    # (their own tests); trainer/strategy/ddp.yaml is named by scripts/slurm/train.sbatch (tests/cluster)
+    # (their own tests); strategy/ddp.yaml is named by scripts/slurm/train.sbatch (tests/cluster)
     pieces = {p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] not in ("detection", "lra", "hf")}
-    pieces.discard(CONFIGS / "trainer" / "strategy" / "ddp.yaml")
+    pieces.discard(CONFIGS / "strategy" / "ddp.yaml")
     pieces -= set(EXPERIMENTS)
     assert {piece.resolve() for piece in pieces} <= named_pieces(CONFIGS)
 

@@ -9,10 +9,10 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import CheckpointLoadError
 from polyattn_lightning.tasks import ClassificationModule, OptimRecipe
-from polyattn_lightning.tasks.models import resolve_pretrained_file
+from polyattn_lightning.models.timm_builder import resolve_pretrained_file
 from polyattn_lightning.tasks.optim import build_optimizer, build_scheduler, global_batch_size
 
 TINY_VIT = dict(model_name="vit_tiny_patch16_224", num_classes=10, img_size=16)

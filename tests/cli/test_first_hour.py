@@ -25,7 +25,7 @@ from polyattn_lightning.errors import UserInputError, reported
 DRIVER = Path(__file__).with_name("cli_driver.py")
 CLASSES = ("cat", "dog", "fox")
 MODEL_KWARGS = {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2}
-TRAINER = Path(__file__).resolve().parents[2] / "configs" / "trainer" / "quickstart.yaml"
+TRAINER = Path(__file__).resolve().parents[2] / "configs" / "classification" / "trainer" / "quickstart.yaml"
 
 
 def write_folder(root: Path, classes=CLASSES, train: int = 4, val: int = 2) -> Path:

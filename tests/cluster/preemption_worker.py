@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from training_helpers import cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, SlurmPreemption
-from polyattn_lightning.callbacks.resume import capture_rng_state
+from polyattn_lightning.rng import capture_rng_state
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 from polyattn_lightning.distributed import distributed_teardown, gather_objects
 

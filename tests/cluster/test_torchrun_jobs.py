@@ -25,7 +25,7 @@ from test_resume import assert_identical
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
-DDP = ROOT / "configs" / "trainer" / "strategy" / "ddp.yaml"
+DDP = ROOT / "configs" / "strategy" / "ddp.yaml"
 TESTS = Path(__file__).parent
 STEPS_PER_EPOCH, KILL_STEP = 6, 8  # the kill comes in epoch 1; last.ckpt holds step 6 (epoch 0's validation)
 FIT = ["--trainer.accelerator", "cpu", "--trainer.deterministic", "true", "--trainer.enable_progress_bar", "false",

@@ -13,7 +13,8 @@ import yaml
 
 from polyattn_lightning.data.coco import COCODataModule
 from polyattn_lightning.data.synthetic_coco import SyntheticCOCO, write_synthetic_coco
-from polyattn_lightning.tasks.detection import DetectionModule, load_detector_config
+from polyattn_lightning.detection.config import load_detector_config
+from polyattn_lightning.tasks.detection import DetectionModule
 from polyattn_lightning.tasks.optim import OptimRecipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "detection"

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import polyattn_lightning.detection  # noqa: F401  (registers XCiTBackbone with mmdet)
 from mmdet.registry import MODELS
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import CheckpointLoadError
 from polyattn_lightning.errors import ConfigError, MissingPathError, UnknownNameError
 from polyattn_lightning.models.xcit_detection import XCiTBackbone

@@ -9,7 +9,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from detection_harness import tiny_data, tiny_detector, write_tiny_coco
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.callbacks import AttentionMaps, AttentionNorms
 
 

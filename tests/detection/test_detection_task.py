@@ -16,7 +16,7 @@ from pycocotools.cocoeval import COCOeval
 from training_helpers import Killed, KillAt, cpu_trainer
 
 from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard, PredictionWriter
-from polyattn_lightning.tasks.detection import METRIC_ITEMS, coco_metric, coco_scores
+from polyattn_lightning.detection.scoring import METRIC_ITEMS, coco_metric, coco_scores
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_a_validation_prints_one_line_per_iou_type_and_keeps_the_coco_tables_in_
                                                                                               capfd, caplog):
     from lightning.pytorch.loggers import CSVLogger
 
-    from polyattn_lightning.tasks.detection import COCO_REPORT
+    from polyattn_lightning.detection.scoring import COCO_REPORT
 
     trainer = cpu_trainer(logger=CSVLogger(tmp_path, name="run"))
     with caplog.at_level("INFO"):

@@ -19,7 +19,7 @@ from mmdet.structures.mask import BitmapMasks
 from mmengine.config import ConfigDict
 from mmengine.dataset import pseudo_collate
 
-from polyattn_lightning.tasks.detection import load_detector_config
+from polyattn_lightning.detection.config import load_detector_config
 
 CONFIG = Path(__file__).parents[2] / "configs" / "detection" / "model" / "mask_rcnn_xcit_s12_p16_fpn.yaml"
 NUM_CLASSES = 3

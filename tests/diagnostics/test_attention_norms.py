@@ -14,8 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from timm.layers import Attention
 
 from polyattn_lightning import cli
-from polyattn_lightning.attention.diagnostics import captured_norms, probe_attention, select_layers
-from polyattn_lightning.attention.timm_patch import set_attention
+from polyattn_lightning.diagnostics.norms import captured_norms, probe_attention, select_layers
+from polyattn_lightning.attention import set_attention
 from polyattn_lightning.callbacks import AttentionMaps, AttentionNorms
 from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.commands.norms import read_norms

@@ -9,10 +9,12 @@ import timm
 import torch
 from timm.models.swin_transformer import SwinTransformerBlock, window_partition
 
-from polyattn_lightning.attention.timm_patch import set_attention
-from polyattn_lightning.callbacks import AttentionNorms, attention_maps
-from polyattn_lightning.callbacks.attention_maps import attention_pictures, collect_maps, stitch_windows
-from polyattn_lightning.callbacks.attention_norms import probe_batch
+from polyattn_lightning.attention import set_attention
+from polyattn_lightning.callbacks import AttentionNorms
+from polyattn_lightning.diagnostics import maps as map_module
+from polyattn_lightning.diagnostics.figures import attention_pictures
+from polyattn_lightning.diagnostics.maps import collect_maps, stitch_windows
+from polyattn_lightning.diagnostics.probe import probe_batch
 from polyattn_lightning.models.lra_encoder import LRAClassifier
 from polyattn_lightning.models.xcit_detection import XCiTBackbone
 from polyattn_lightning.tasks import LRAModule
@@ -101,7 +103,7 @@ def test_maps_made_a_few_rows_at_a_time_equal_the_whole_batch(family, monkeypatc
         mask[1, 9:] = False
         probe = (torch.randint(1, 16, (3, 20)), mask)
     whole = collect_maps(model, probe)
-    monkeypatch.setattr(attention_maps, "MAP_ELEMENTS", 1)  # one row at a time
+    monkeypatch.setattr(map_module, "MAP_ELEMENTS", 1)  # one row at a time
     for a, b in zip(whole, collect_maps(model, probe)):
         torch.testing.assert_close(a.heat, b.heat)
         torch.testing.assert_close(a.tokens, b.tokens)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from timm.layers import Attention
 
-from polyattn_lightning.attention.spline import polynomial_degree
-from polyattn_lightning.attention.timm_patch import set_attention
+from polyattn_lightning.diagnostics.spline import polynomial_degree
+from polyattn_lightning.attention import set_attention
 
 
 def block(activation: str, **kwargs) -> Attention:

@@ -14,7 +14,7 @@ import torch
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "configs" / "hf" / "tiny_llama_poly3.yaml"
-DDP = ROOT / "configs" / "trainer" / "strategy" / "ddp.yaml"
+DDP = ROOT / "configs" / "strategy" / "ddp.yaml"
 GLOBAL_BATCH, STEPS = 16, 4
 FIT = ["--trainer.accelerator", "cpu", "--trainer.deterministic", "true", "--trainer.enable_progress_bar", "false",
        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(STEPS), "--trainer.limit_val_batches", "1",

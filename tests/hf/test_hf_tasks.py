@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from polyattn_lightning.attention.hf import load_pretrained
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention.switch.hf import load_pretrained
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.data import CausalLMText, TextClassificationData
 from polyattn_lightning.data.generated_text import story, train_tokenizer
 from polyattn_lightning.errors import ConfigError, MissingPathError

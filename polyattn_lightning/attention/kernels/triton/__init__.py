@@ -1,0 +1,133 @@
+"""``triton``: fused Triton attention for the built-in elementwise activations (CUDA).
+
+Files: ``launch.py`` (tile tables and launches), ``jit.py`` (the ``@triton.jit`` programs), ``op.py``
+(operators and autograd), ``selfcheck.py`` (each compiled configuration checked once against the blocked
+kernel).
+
+One program holds a block of queries (or, in the key/value backward, a block
+of keys) and walks the other side block by block; ``S``, ``phi(S)`` and
+``phi'(S)`` live only in fp32 registers, never in memory. No softmax means no
+running max and no row statistics: the forward simply adds key blocks, and the
+backward needs no ``rowsum(dO * O)`` term. The backward is two kernels, one
+accumulating ``dK, dV`` per key block and one ``dQ`` per query block, so no
+atomics are needed.
+
+Supported: ``poly{p}``, ``relu``, ``softplus``, ``sigmoid`` (an Activation's
+``kernel`` form), fp16 / bf16 / fp32 operands, head dims up to 256, any
+boolean ``allowed`` mask (key padding or pairwise, read through broadcast
+strides), causal masking (``CAUSAL``: query ``i`` attends keys ``j <= i + OFFSET``,
+``OFFSET = Nk - Nq``; each program's tile loop stops at, or starts from, the
+diagonal, so tiles above it are never computed, and only those it crosses are masked), an additive score bias (Swin's relative-position bias; read through
+broadcast strides, its gradient summed over the dimensions it broadcasts
+along), attention dropout, ragged lengths and ``Nq != Nk``.
+
+Dropout: pair (query ``i``, key ``j``) of flattened head ``bh`` is kept iff
+word ``j % 4`` of ``tl.philox(seed, j // 4, i, bh, 0)`` (Philox4x32-10) is
+``>= floor(p * 2**32)``, the scheme of the C++ kernel (``kernels/fused_cpu.py``). Each
+Philox call yields the four words of four neighbouring keys. No mask is
+stored: each kernel regenerates it. The 64-bit seed is drawn per call on
+``q``'s device (``draw_seed``: CUDA's default generator, so no host copy and no
+stream sync, and safe under CUDA-graph capture); the C++ kernel draws its seed
+from the CPU generator, so the two kernels do not drop the same pairs for the
+same ``torch.manual_seed`` (each repeats itself; ExactResume restores both
+generators).
+
+The bias gradient is written as a ``(B*H, Nq, Nk)`` fp32 buffer by the ``dQ``
+kernel and then summed over the bias's broadcast dimensions: O(B H Nq Nk)
+memory, only when the bias requires grad (Swin's 7x7 windows: small).
+
+Precision of the six products (``q k^T``, ``P V``, ``P^T dO``, ``dO V^T``,
+``dS^T q``, ``dS k``), all accumulated in fp32:
+
+============  ==========================  =====================================
+inputs        ``q k^T``                   the other five
+============  ==========================  =====================================
+bf16          bf16 tensor cores           bf16 tensor cores
+fp16          fp16 tensor cores           TF32 tensor cores on fp32 operands
+fp32          ``fp32_precision()``        ``fp32_precision()``
+============  ==========================  =====================================
+
+fp16's range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``),
+so fp16 inputs keep those products on fp32 operands, in TF32 (fp32's range,
+fp16's 10-bit mantissa). fp32 inputs follow
+``torch.get_float32_matmul_precision()``: ``'highest'`` (PyTorch's default) is
+IEEE fp32, which Triton runs without tensor cores, so ``attention()``'s
+``auto`` then picks the blocked kernel (cuBLAS); ``'high'`` is ``tf32x3``
+(three TF32 products, about fp32 accuracy) and ``'medium'`` is ``tf32``.
+
+Launches: a 1-D grid whose program id runs over a head's query (or key)
+blocks first, so the programs running at the same time share one head's K and
+V in L2 (and B*H is not capped by CUDA's 65535 on grid axes 1 and 2); tile sizes
+come from the tables of ``launch.py``.
+
+The launches are ``torch.library.triton_op`` operators (``op.py``), so
+``torch.compile`` can see through them without a graph break
+(``test_triton_cuda.py`` checks this on a GPU; the interpreter cannot be traced
+by torch.compile). ``attention()`` checks each compiled configuration once
+against the blocked kernel before trusting it (``selfcheck.py``). The
+interpreter multiplies bf16 as raw integers, so under it bf16 products run on
+fp32 operands (bf16 loads, stores and casts are still exercised). What has run
+on which GPU is in BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+from ..base import Backend, KernelInputs, elementwise_reasons
+from .launch import fp32_precision, interpreting
+
+#: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+@torch.compiler.assume_constant_result
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (CUDA builds of torch bring it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+class Triton(Backend):
+    name = "triton"
+    supports = ("CUDA tensors (CPU under TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256, the built-in forms, "
+                "every mask, bias, dropout, causal")
+
+    def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
+        q, act = inputs.q, inputs.act
+        reasons = elementwise_reasons(inputs)
+        if not reasons and act.fused_form is None:
+            reasons.append(f"the triton kernel does not know activation {act.name!r} (a custom one)")
+        if not (q.is_cuda or interpreting()):
+            reasons.append(f"q is on {q.device}; this kernel runs on CUDA tensors (on CPU only under "
+                           "TRITON_INTERPRET=1)")
+        elif not triton_available():
+            reasons.append("the triton package is not installed")
+        if q.dtype not in DTYPES:
+            reasons.append(f"dtype {q.dtype} (it takes float16, bfloat16 and float32)")
+        if max(q.shape[-1], inputs.v.shape[-1]) > MAX_HEAD_DIM:
+            reasons.append(f"head dim {max(q.shape[-1], inputs.v.shape[-1])} > {MAX_HEAD_DIM}")
+        return reasons
+
+    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
+        q = inputs.q
+        if q.dtype == torch.float32 and q.is_cuda and fp32_precision() == "ieee":
+            return ["fp32 at torch.get_float32_matmul_precision() == 'highest': Triton has no IEEE fp32 tensor "
+                    "cores, the blocked kernel on cuBLAS is faster"]
+        from .selfcheck import triton_verified
+
+        if not triton_verified(q, inputs.k, inputs.v, inputs.act, inputs.allowed, inputs.bias, inputs.dropout_p,
+                               inputs.causal):
+            return ["this launch configuration failed its self-check against the blocked kernel (warned once)"]
+        return []
+
+    def forward(self, inputs: KernelInputs) -> Tensor:
+        from .op import triton_attention
+
+        i = inputs
+        return triton_attention(i.q, i.k, i.v, i.act, i.t, i.allowed, i.bias, i.n, i.dropout_p, i.causal)
+
+
+BACKEND = Triton()

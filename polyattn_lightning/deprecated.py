@@ -1,0 +1,149 @@
+"""Old import paths, kept importable for one release as lazy aliases of where their code lives now.
+
+``polyattn_lightning/__init__.py`` installs :class:`AliasFinder`, so ``import polyattn_lightning.attention.timm_patch``
+(or unpickling a model saved with a class of that path) gets a stand-in module that looks each name up in the new
+modules, on first use, with one ``FutureWarning`` naming the new path. Nothing here imports those modules until a
+name is asked for. Moved names of modules that still exist (``attention.attention_norms``...) are looked up
+through those modules' ``__getattr__``, which calls :func:`attribute`. Remove an entry one release after its move.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
+
+_PACKAGE = "polyattn_lightning"
+_A = f"{_PACKAGE}.attention"
+_SWITCH, _KERNELS, _DIAGNOSTICS = f"{_A}.switch", f"{_A}.kernels", f"{_PACKAGE}.diagnostics"
+
+#: Old module -> the modules its names now live in, searched in order (the first is named in the warning).
+MOVED_MODULES: dict[str, tuple[str, ...]] = {
+    f"{_A}.timm_patch": (f"{_SWITCH}.timm", f"{_SWITCH}.base", f"{_SWITCH}.timm.tables",
+                         f"{_SWITCH}.timm.families.swin", f"{_SWITCH}.timm.probe", _SWITCH),
+    f"{_A}.timm_sdpa": (f"{_SWITCH}.timm.sdpa",),
+    f"{_A}.timm_probe": (f"{_SWITCH}.timm.probe",),
+    f"{_A}.timm_adapters": (f"{_SWITCH}.timm.families",),
+    f"{_A}.switched": (f"{_SWITCH}.base",),
+    f"{_A}.hf": (f"{_SWITCH}.hf", f"{_SWITCH}.hf.interface", f"{_SWITCH}.hf.masks"),
+    f"{_A}.hf_calibration": (f"{_SWITCH}.hf.calibration",),
+    f"{_A}.diagnostics": (f"{_DIAGNOSTICS}.norms", f"{_DIAGNOSTICS}.probe"),
+    f"{_A}.spline": (f"{_DIAGNOSTICS}.spline",),
+    f"{_A}.blocked": (f"{_KERNELS}.blocked",),
+    f"{_A}.associative": (f"{_KERNELS}.associative",),
+    f"{_A}.fused_cpu": (f"{_KERNELS}.fused_cpu",),
+    f"{_A}.cpp": (f"{_KERNELS}.cpp",),
+    f"{_A}.triton_kernel": (f"{_KERNELS}.triton.op", f"{_KERNELS}.triton.launch", f"{_KERNELS}.triton"),
+    f"{_A}.triton_selfcheck": (f"{_KERNELS}.triton.selfcheck",),
+    f"{_A}.triton_static": (f"{_PACKAGE}.bench.triton_compile",),
+    f"{_A}.timm_support": (f"{_PACKAGE}.bench.timm_support",),
+    f"{_PACKAGE}.tasks.models": (f"{_PACKAGE}.models.timm_builder",),
+}
+#: Old packages whose submodules moved one for one.
+MOVED_PACKAGES: dict[str, str] = {f"{_A}.timm_adapters": f"{_SWITCH}.timm.families"}
+#: ``(module, old name) -> (module, new name)``: names that moved out of a module that still exists, or renamed.
+MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
+    (_A, "attention_norms"): (f"{_DIAGNOSTICS}.norms", "attention_norms"),
+    (f"{_A}.timm_patch", "XCiTAttention"): (f"{_SWITCH}.timm.sdpa", "Switched_xcit_XCA"),
+    (f"{_A}.timm_patch", "ClassAttention"): (f"{_SWITCH}.timm.sdpa", "Switched_cait_ClassAttn"),
+    (f"{_A}.timm_patch", "_adapts"): (f"{_SWITCH}.base", "register_adapter"),
+    (f"{_A}.switched", "_adapts"): (f"{_SWITCH}.base", "register_adapter"),
+    (f"{_A}.switched", "_ADAPTERS"): (f"{_SWITCH}.base", "ADAPTERS"),
+    (f"{_A}.timm_sdpa", "_ADAPTERS"): (f"{_SWITCH}.base", "ADAPTERS"),
+    **{(f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.probe", name)
+       for name in ("probing", "probe_batch", "default_probe", "run_probe")},
+    **{(f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.norms", name)
+       for name in ("QUANTITIES", "metric_key")},
+    **{(f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.maps", name)
+       for name in ("LayerMaps", "collect_maps", "token_map", "stitch_windows")},
+    **{(f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.figures", name)
+       for name in ("attention_pictures", "heatmap_figure", "overlay_figure")},
+    **{(f"{_PACKAGE}.callbacks.resume", name): (f"{_PACKAGE}.rng", name)
+       for name in ("capture_rng_state", "restore_rng_state")},
+    (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
+    **{(f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.config", name)
+       for name in ("load_detector_config", "deep_merge", "heads_num_classes", "with_num_classes")},
+    **{(f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.scoring", name)
+       for name in ("coco_metric", "coco_scores", "METRIC_ITEMS", "COCO_REPORT")},
+}
+
+
+def _targets(name: str) -> tuple[str, ...] | None:
+    """The new modules of an old module path (a submodule of a moved package too), or None."""
+    if name in MOVED_MODULES:
+        return MOVED_MODULES[name]
+    for old, new in MOVED_PACKAGES.items():
+        if name.startswith(old + "."):
+            return (new + name[len(old):],)
+    return None
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(f"{old} moved to {new}; the old path is an alias that goes in the next release",
+                  FutureWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The stack level of the first frame outside this module and the import machinery."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename == __file__ or "importlib" in frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class AliasModule(types.ModuleType):
+    """An old module path: each name is looked up, on use, in the modules its code moved to."""
+
+    def __init__(self, name: str, targets: tuple[str, ...]):
+        super().__init__(name, f"moved to {targets[0]}")
+        self.__targets = targets
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        moved = MOVED_ATTRIBUTES.get((self.__name__, name))
+        if moved is not None:
+            return getattr(importlib.import_module(moved[0]), moved[1])
+        for target in self.__targets:
+            module = importlib.import_module(target)
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                continue
+        raise AttributeError(f"{self.__name__} (moved to {self.__targets[0]}) has no {name!r}")
+
+
+class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old module paths of :data:`MOVED_MODULES` and loads them as :class:`AliasModule`."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if _targets(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname in MOVED_PACKAGES)
+
+    def create_module(self, spec):
+        targets = _targets(spec.name)
+        _warn(spec.name, targets[0])
+        return AliasModule(spec.name, targets)
+
+    def exec_module(self, module) -> None:
+        if module.__name__ in MOVED_PACKAGES:
+            module.__path__ = []  # a package: its old submodules are found by this finder too
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` (once)."""
+    if not any(isinstance(finder, AliasFinder) for finder in sys.meta_path):
+        sys.meta_path.append(AliasFinder())
+
+
+def attribute(module: str, name: str):
+    """A moved name of a module that still exists (its ``__getattr__`` asks here), with the deprecation line."""
+    moved = MOVED_ATTRIBUTES.get((module, name))
+    if moved is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    _warn(f"{module}.{name}", f"{moved[0]}.{moved[1]}")
+    return getattr(importlib.import_module(moved[0]), moved[1])

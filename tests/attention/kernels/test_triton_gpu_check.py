@@ -1,0 +1,49 @@
+"""``scripts/gpu_check.py`` without a GPU: it starts, says clearly that there is none, and exits with its own status."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[3]
+
+
+def test_dry_run_without_a_gpu_says_so_and_exits_2(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path / "out")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "NO GPU" in result.stdout and "nothing was checked" in result.stdout
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["environment"]["cuda_available"] is False
+    assert {part["status"] for part in report["parts"].values()} == {"skipped"}
+    assert set(report["parts"]) == {"tests", "bench", "vit", "timing"}
+    assert "NO GPU" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_bad_usage_exits_3(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--parts", "vit,nope"],
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3 and "nope" in result.stderr
+
+
+def test_dry_run_times_every_case_on_cpu(tmp_path):
+    """``--dry-run``: the timing part's cases on CPU at a tiny shape, written as the GPU run writes them."""
+    script = ROOT / "scripts" / "gpu_check.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), "--dry-run"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "timing.json").read_text())
+    sys.path.insert(0, str(script.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(script.parent))
+    assert set(report["cases"]) == set(gpu_check.TIMING_CASES) and report["device"] == "cpu"
+    assert all(case["median_ms"] > 0 for case in report["cases"].values())
+    assert report["cases"]["bf16"]["vs_bf16"] == 1.0
+    assert report["cases"]["bf16 dropout 0.1"]["host_syncs"] == []
+    assert "fp32 high (tf32x3):" in result.stdout

@@ -1,0 +1,299 @@
+"""set_attention on Hugging Face models: parity with HF's SDPA, an independent poly3 reference, masks, GQA,
+the KV cache, refusals, diagnostics through the capture contract, saving and loading."""
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from hf_models import REFERENCE, tiny_bert, tiny_llama, tiny_vit, token_batch, with_reference
+from torch import nn
+from transformers import (
+    DebertaV2Config,
+    DebertaV2Model,
+    Gemma2Config,
+    Gemma2Model,
+    MistralConfig,
+    MistralModel,
+    Swinv2Config,
+    Swinv2Model,
+)
+from transformers.models.bert.modeling_bert import BertSelfAttention
+
+from polyattn_lightning.diagnostics.norms import probe_attention, select_layers
+from polyattn_lightning.attention.switch.hf import IMPLEMENTATION, load_pretrained
+from polyattn_lightning.attention.switch.base import attention_map
+from polyattn_lightning.attention import attention_modules, set_attention
+from polyattn_lightning.errors import ConfigError
+
+
+def run(model, ids=None, mask=None, pixels=None, **kwargs):
+    if pixels is not None:
+        return model(pixel_values=pixels).last_hidden_state
+    out = model(input_ids=ids, attention_mask=mask, **kwargs)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def inputs_for(name):
+    if name == "vit":
+        return {"pixels": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))}
+    ids, mask = token_batch()
+    return {"ids": ids, "mask": mask}
+
+
+BUILDERS = {"bert": tiny_bert, "vit": tiny_vit, "llama": tiny_llama}
+
+
+def real_rows(out, inputs):
+    """The outputs of real (unpadded) tokens only, flattened: padded positions' outputs are not defined."""
+    mask = inputs.get("mask")
+    return out.reshape(-1, out.shape[-1]) if mask is None else out[mask.bool()]
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_softmax_through_the_interface_equals_hf_sdpa(name):
+    model, inputs = BUILDERS[name](), inputs_for(name)
+    expected = run(model, **inputs)
+    assert set_attention(model, "softmax") == 2
+    assert model.config._attn_implementation == IMPLEMENTATION
+    torch.testing.assert_close(real_rows(run(model, **inputs), inputs), real_rows(expected, inputs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_poly3_equals_an_independent_reference(name):
+    model, inputs = BUILDERS[name](), inputs_for(name)
+    reference, softmax = with_reference(model), run(model, **inputs)
+    set_attention(model, "poly3")
+    out = run(model, **inputs)
+    torch.testing.assert_close(real_rows(out, inputs), real_rows(run(reference, **inputs), inputs), atol=2e-5, rtol=1e-4)
+    assert (out - softmax).abs().max() > 1e-3  # the activation changed something
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_grouped_query_attention(kv_heads):
+    model = tiny_llama(num_key_value_heads=kv_heads)
+    ids, mask = token_batch()
+    reference = with_reference(model)
+    set_attention(model, "poly3")
+    torch.testing.assert_close(run(model, ids, mask)[mask.bool()], run(reference, ids, mask)[mask.bool()],
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_padded_encoder_batch_equals_the_unpadded_sequences():
+    model = tiny_bert()
+    set_attention(model, "poly3")
+    ids, mask = token_batch()
+    batch = run(model, ids, mask)
+    for row in range(2):
+        length = int(mask[row].sum())
+        alone = run(model, ids[row : row + 1, :length], mask[row : row + 1, :length])
+        torch.testing.assert_close(batch[row, :length], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_decoder_batch_equals_the_unpadded_sequences():
+    """Left padding, as generate() pads: causal and padding masks combined; positions follow the real tokens."""
+    model = tiny_llama()
+    set_attention(model, "poly3")
+    ids, _ = token_batch()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    batch = run(model, ids, mask, position_ids=positions)
+    torch.testing.assert_close(batch[0], run(model, ids[:1])[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch[1, 3:], run(model, ids[1:, 3:])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_future_tokens_change_nothing_before_them():
+    model = tiny_llama()
+    set_attention(model, "poly3")
+    ids, _ = token_batch()
+    changed = ids.clone()
+    changed[:, 5:] = (changed[:, 5:] + 7) % 64
+    before, after = run(model, ids), run(model, changed)
+    torch.testing.assert_close(after[:, :5], before[:, :5], atol=0, rtol=0)
+    assert (after[:, 5:] - before[:, 5:]).abs().max() > 1e-3
+
+
+def test_sliding_window_arrives_through_the_mask():
+    """One Mistral layer with a window of 3: position 5 sees tokens 3..5 only, so changing token 0 leaves it alone."""
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=3, attn_implementation="sdpa")
+    model = MistralModel(config).eval()
+    set_attention(model, "poly3")
+    ids, _ = token_batch()
+    changed = ids.clone()
+    changed[:, 0] = (changed[:, 0] + 1) % 64
+    before, after = run(model, ids), run(model, changed)
+    torch.testing.assert_close(after[:, 3:], before[:, 3:], atol=0, rtol=0)
+    assert (after[:, :3] - before[:, :3]).abs().max() > 1e-4
+
+
+def test_generation_with_the_kv_cache_matches_without():
+    """At every step the logits with the cache (one query row, all cached keys) equal those without."""
+    model = tiny_llama()
+    set_attention(model, "poly3")
+    prompt = token_batch()[0][:1, :5]
+    runs = [
+        model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=cache, output_logits=True,
+                       return_dict_in_generate=True, pad_token_id=0)
+        for cache in (True, False)
+    ]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    for cached, uncached in zip(runs[0].logits, runs[1].logits, strict=True):
+        torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_cached_decoding_steps_equal_the_independent_reference(kv_heads):
+    """Each cached step (one query row, no mask, no gradient: :func:`decode_step`, the cache not repeated per
+    head) against the tests' own function generating with its own cache."""
+    model = tiny_llama(num_key_value_heads=kv_heads)
+    reference = with_reference(model)
+    set_attention(model, "poly3")
+    prompt = token_batch()[0][:1, :5]
+    runs = [
+        m.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True, output_logits=True,
+                   return_dict_in_generate=True, pad_token_id=0)
+        for m in (model, reference)
+    ]
+    for step, (ours, theirs) in enumerate(zip(runs[0].logits, runs[1].logits, strict=True)):
+        torch.testing.assert_close(ours, theirs.to(ours.dtype), atol=2e-5, rtol=1e-4, msg=f"step {step}")
+
+
+def test_decode_step_is_the_general_path_on_its_inputs():
+    """The short path and ``attention()`` agree for up to DECODE_ROWS rows, grouped heads, other activations."""
+    from polyattn_lightning.attention.functional import attention
+    from polyattn_lightning.attention.switch.hf.interface import DECODE_ROWS, decode_step
+    from polyattn_lightning.attention.registry import get_activation
+
+    generator = torch.Generator().manual_seed(0)
+    for rows, heads, kv_heads, name in ((1, 4, 2, "poly3"), (DECODE_ROWS, 6, 3, "relu"), (3, 2, 1, "softplus")):
+        q = torch.randn(2, heads, rows, 8, generator=generator)
+        k, v = (torch.randn(2, kv_heads, 11, 8, generator=generator) for _ in range(2))
+        groups = heads // kv_heads
+        expected = attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), name, temperature=0.3)
+        out = decode_step(q, k, v, get_activation(name), 0.3)
+        torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_two_models_with_different_activations_in_one_process():
+    softmax_model, poly_model = tiny_bert(), tiny_bert()
+    ids, mask = token_batch()
+    expected_softmax, reference = run(softmax_model, ids, mask), run(with_reference(poly_model), ids, mask)
+    set_attention(poly_model, "poly3")
+    set_attention(softmax_model, "softmax")
+    real = mask.bool()
+    torch.testing.assert_close(run(poly_model, ids, mask)[real], reference[real], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(run(softmax_model, ids, mask)[real], expected_softmax[real], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_dropout_in_training_only():
+    model = tiny_bert(attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)
+    set_attention(model, "poly3")
+    ids, mask = token_batch()
+    evaluated = [run(model, ids, mask) for _ in range(2)]
+    model.train()
+    trained = run(model, ids, mask)
+    torch.testing.assert_close(evaluated[0], evaluated[1], atol=0, rtol=0)
+    assert (trained - evaluated[0]).abs().max() > 1e-3
+
+
+class SelfComputedAttention(BertSelfAttention):
+    """A layer that computes softmax attention itself instead of calling the interface."""
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        q = self.query(hidden_states)
+        weights = (q @ self.key(hidden_states).transpose(1, 2) * q.shape[-1] ** -0.5).softmax(-1)
+        return weights @ self.value(hidden_states), None
+
+
+def test_a_layer_that_bypasses_the_interface_is_refused():
+    model = tiny_bert()
+    model.encoder.layer[1].attention.self.__class__ = SelfComputedAttention
+    with pytest.raises(ConfigError, match=r"BertModel cannot be switched.*encoder\.layer\.1\.attention\.self"):
+        set_attention(model, "poly3")
+    assert model.config._attn_implementation == "sdpa"  # put back
+    assert attention_modules(model) == []
+
+
+@pytest.mark.parametrize("build", [
+    lambda: DebertaV2Model(DebertaV2Config(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                           intermediate_size=48)),
+    lambda: Swinv2Model(Swinv2Config(image_size=16, patch_size=4, embed_dim=16, depths=[1], num_heads=[2], window_size=2)),
+], ids=["deberta-v2", "swin-v2"])
+def test_models_that_do_not_use_the_interface_are_refused(build):
+    model = build()
+    with pytest.raises(ConfigError, match=f"{type(model).__name__} cannot be switched.*AttentionInterface"):
+        set_attention(model, "poly3")
+
+
+def test_an_unsupported_kwarg_is_refused_naming_the_model():
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=50.0,
+                          attn_implementation="eager")
+    model = Gemma2Model(config).eval()
+    with pytest.raises(ConfigError, match="Gemma2Model: Gemma2Attention passes softcap="):
+        set_attention(model, "poly3")
+    assert model.config._attn_implementation == "eager"
+
+
+def test_diagnostics_capture_what_each_layer_attends_in_forward_order():
+    model = tiny_llama()
+    set_attention(model, "poly3")
+    layers = select_layers(model)
+    assert [layer.name for layer in layers] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    ids, mask = token_batch()
+    outputs = {}
+    hooks = [layer.module.o_proj.register_forward_hook(lambda m, i, o, n=layer.index: outputs.setdefault(n, i[0]))
+             for layer in layers]
+    captured = probe_attention(layers, lambda: run(model, ids, mask))
+    for hook in hooks:
+        hook.remove()
+    for index, (inputs,) in captured.items():
+        rebuilt = attention_map(inputs, layers[index - 1].module.activation) @ inputs.v.float()
+        rebuilt = rebuilt.transpose(1, 2).reshape(outputs[index].shape)
+        torch.testing.assert_close(rebuilt[mask.bool()], outputs[index][mask.bool()], atol=1e-5, rtol=1e-4)
+
+
+def test_a_switched_model_pickles_and_saves_with_its_activation(tmp_path):
+    model = tiny_bert()
+    set_attention(model, {"name": "poly3", "scale": 0.25})
+    ids, mask = token_batch()
+    expected = run(model, ids, mask)
+    torch.testing.assert_close(run(pickle.loads(pickle.dumps(model)), ids, mask), expected, atol=0, rtol=0)
+    model.save_pretrained(tmp_path / "saved")
+    loaded = load_pretrained(tmp_path / "saved").eval()
+    assert [m.activation_spec for _, m in attention_modules(loaded)] == [{"name": "poly3", "scale": 0.25}] * 2
+    torch.testing.assert_close(run(loaded, ids, mask), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_a_model_from_the_implementation_name_alone_is_refused():
+    """A model built with attn_implementation='polyattn' but never switched has no activation: a clear error."""
+    model = tiny_bert()
+    set_attention(model, "poly3")
+    fresh = type(model)(copy.deepcopy(model.config)).eval()
+    ids, mask = token_batch()
+    with pytest.raises(ConfigError, match="BertSelfAttention attends through .* not switched by"):
+        run(fresh, ids, mask)
+
+
+def test_hf_masks_become_is_causal_and_key_padding_where_they_can():
+    """HF's own boolean masks: causal + left padding -> is_causal and the padding; an encoder's padding ->
+    key_padding_mask; a sliding window stays a dense mask."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    from polyattn_lightning.attention.switch.hf import split_mask
+
+    padding = torch.tensor([[False, True, True, True, True], [True, True, True, True, True]])
+    causal = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=causal_mask_function)
+    is_causal, masks = split_mask(causal)
+    assert is_causal and torch.equal(masks["key_padding_mask"], ~padding)
+    encoder = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=lambda b, h, q, kv: q >= 0)
+    is_causal, masks = split_mask(encoder)
+    assert not is_causal and torch.equal(masks["key_padding_mask"], ~padding)
+    window = sdpa_mask(2, 5, 5, attention_mask=padding, mask_function=sliding_window_causal_mask_function(2))
+    is_causal, masks = split_mask(window)
+    assert not is_causal and masks["attn_mask"] is window
