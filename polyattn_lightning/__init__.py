@@ -3,6 +3,7 @@
 ``from polyattn_lightning import set_attention`` imports what they need on first use: importing the
 package imports neither timm nor transformers.
 """
+
 from . import deprecated
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """``python -m polyattn_lightning fit --config ...``"""
+
 import sys
 
 from .cli import main

@@ -16,6 +16,7 @@ a crash at any moment leaves the previous file or the new one, never a torn
 one. Lightning's own ``_atomic_save`` relies on an fsspec transaction and does
 not fsync; remote (``s3://``...) paths still go through it.
 """
+
 from __future__ import annotations
 
 import os

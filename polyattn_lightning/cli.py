@@ -5,6 +5,7 @@ LightningModule or LightningDataModule can be named in ``class_path``; this
 project's are imported first, so their short names (``ClassificationModule``,
 ``DigitsDataModule``...) work.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -99,8 +100,14 @@ def short_parse_message(message: str) -> str:
     ones too): the errors of the subtypes that were meant (not ``Expected a <class 'NoneType'>``), with the value."""
     if "Does not validate against any of the Union subtypes" not in message:
         return message
-    dropped = ("Does not validate against any of the Union subtypes", "Subtypes: [", "Errors:", "Given value type:",
-               "Expected a <class 'NoneType'>", "Given value: NestedArg(")
+    dropped = (
+        "Does not validate against any of the Union subtypes",
+        "Subtypes: [",
+        "Errors:",
+        "Given value type:",
+        "Expected a <class 'NoneType'>",
+        "Given value: NestedArg(",
+    )
     lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
     lines = [line for line in lines if line and not line.startswith(dropped)]
     given = [line for line in lines if line.startswith("Given value: ")]
@@ -141,9 +148,11 @@ def resolve_task_defaults(config) -> None:
 
 
 #: Where ``--data.root`` meets a data set that reads no folder (the quickstart's bundled digits): the README's line.
-OWN_IMAGES_HINT = ("this data set reads no folder (the quickstart's are bundled digits); to train on your own "
-                   "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
-                   "(README, 'Your own images')")
+OWN_IMAGES_HINT = (
+    "this data set reads no folder (the quickstart's are bundled digits); to train on your own "
+    "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
+    "(README, 'Your own images')"
+)
 
 
 class KeepLinesHelpFormatter(DefaultHelpFormatter):
@@ -168,9 +177,11 @@ class ShortErrorParser(LightningArgumentParser):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
         hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
-        sys.stderr.write(f"error: {short_parse_message(message)}{hint}\n"
-                         f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
-                         "e.g. ClassificationModule)\n")
+        sys.stderr.write(
+            f"error: {short_parse_message(message)}{hint}\n"
+            f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
+            "e.g. ClassificationModule)\n"
+        )
         raise SystemExit(EXIT_USER_ERROR)
 
 
@@ -253,8 +264,12 @@ def activation_label(spec) -> str:
         label = spec
     else:
         options = dict(spec)
-        label = "_".join([str(options.pop("name", "attention")), *(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}"
-                                                                   for k, v in sorted(options.items()))])
+        label = "_".join(
+            [
+                str(options.pop("name", "attention")),
+                *(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in sorted(options.items())),
+            ]
+        )
     return re.sub(r"[^\w.=-]+", "", label)
 
 
@@ -276,20 +291,27 @@ class PolyattnCLI(LightningCLI):
         """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
         ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and
         ``callbacks_off``."""
-        parser.set_defaults({
-            "trainer.precision": default_precision(),
-            "trainer.logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                               "init_args": {"save_dir": RUNS_DIR, "default_hp_metric": False}},
-            "trainer.plugins": [{"class_path": "polyattn_lightning.checkpoint.SafeCheckpointIO"}],
-        })
+        parser.set_defaults(
+            {
+                "trainer.precision": default_precision(),
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": RUNS_DIR, "default_hp_metric": False},
+                },
+                "trainer.plugins": [{"class_path": "polyattn_lightning.checkpoint.SafeCheckpointIO"}],
+            }
+        )
         for spec in STANDARD_CALLBACKS:
             parser.add_lightning_class_args(spec.cls, spec.key)
             parser.set_defaults({f"{spec.key}.{key}": value for key, value in spec.defaults.items()})
         parser.add_argument(
-            "--callbacks_off", type=list[Literal[STANDARD_KEYS]], default=[],
+            "--callbacks_off",
+            type=list[Literal[STANDARD_KEYS]],
+            default=[],
             help="standard callbacks to leave out, e.g. [norms, predictions] (each is set under its own key: "
-                 f"{', '.join(STANDARD_KEYS)}); trainer.enable_checkpointing false leaves out both checkpoints, "
-                 "trainer.logger false the lr_monitor")
+            f"{', '.join(STANDARD_KEYS)}); trainer.enable_checkpointing false leaves out both checkpoints, "
+            "trainer.logger false the lr_monitor",
+        )
 
     def standard_off(self, config) -> set[str]:
         """The standard callbacks this run leaves out: ``callbacks_off``, and those the trainer settings rule out."""
@@ -305,8 +327,10 @@ class PolyattnCLI(LightningCLI):
         standard) is dropped there, with a warning naming its short key: never two ``ExactResume``."""
         listed = config.trainer.get("callbacks")
         listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
-        entries = [(class_from_path(item.get("class_path")), init_args(item)) if hasattr(item, "get") else (None, {})
-                   for item in listed]
+        entries = [
+            (class_from_path(item.get("class_path")), init_args(item)) if hasattr(item, "get") else (None, {})
+            for item in listed
+        ]
         standard = {key: init_args({"init_args": config.get(key)}) for key in STANDARD_KEYS}
         dropped, messages = drop_restated(entries, standard, self.standard_off(config))
         for message in messages:
@@ -318,18 +342,24 @@ class PolyattnCLI(LightningCLI):
         """The trainer with the standard callbacks this run does not leave out (:meth:`standard_off`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         off = self.standard_off(config)
-        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys
-                     if key not in off]
+        callbacks = [
+            self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys if key not in off
+        ]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         listed = trainer_config.get("callbacks")
         listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
-        if (trainer_config.get("enable_progress_bar") is not False and RICH_AVAILABLE
-                and not any(isinstance(callback, ProgressBar) for callback in listed)):
+        if (
+            trainer_config.get("enable_progress_bar") is not False
+            and RICH_AVAILABLE
+            and not any(isinstance(callback, ProgressBar) for callback in listed)
+        ):
             callbacks.append(StepsRichProgressBar())  # Lightning's default bar, without "Epoch 6/-2"
         return self._instantiate_trainer(trainer_config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
-        self.given_args = [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        self.given_args = (
+            [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        )
         check_yaml_syntax(self.given_args)
         super().parse_arguments(parser, args)
 
@@ -347,15 +377,24 @@ class PolyattnCLI(LightningCLI):
                 raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         before = init_args(self.config[subcommand].model)
         if Path(ckpt_path).is_file() and not is_lightning_checkpoint(ckpt_path):
-            raise CheckpointLoadError(f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'state_dict'): "
-                                      "to start from a weight file, pass it as --model.pretrained instead")
+            raise CheckpointLoadError(
+                f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'state_dict'): "
+                "to start from a weight file, pass it as --model.pretrained instead"
+            )
         try:
             super()._parse_ckpt_path()
-            replaced = {key: value for key, value in init_args(self.config[subcommand].model).items()
-                        if key in before and before[key] != value and key != "pretrained"}  # not used, see below
+            replaced = {
+                key: value
+                for key, value in init_args(self.config[subcommand].model).items()
+                if key in before and before[key] != value and key != "pretrained"
+            }  # not used, see below
             if replaced:
-                rank_zero_info(f"checkpoint {ckpt_path}: its saved hyperparameters replace the config's: " + "; ".join(
-                    f"model.init_args.{key} {before[key]!r} -> {value!r}" for key, value in replaced.items()))
+                rank_zero_info(
+                    f"checkpoint {ckpt_path}: its saved hyperparameters replace the config's: "
+                    + "; ".join(
+                        f"model.init_args.{key} {before[key]!r} -> {value!r}" for key, value in replaced.items()
+                    )
+                )
         except Exception:
             if not Path(ckpt_path).is_file():
                 raise
@@ -368,7 +407,8 @@ class PolyattnCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Log to ``runs/<task family>/<config name>/version_N`` unless the logger was given a name (``<config
         name>_<activation>`` when ``--model.attention`` gives another activation than the config's; the family is
-        :func:`task_family`, so the three quickstarts never share a folder); ``validate``/``test``/``predict`` of a checkpoint log to
+        :func:`task_family`, so the three quickstarts never share a folder); ``validate``/``test``/``predict`` of a
+        checkpoint log to
         :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
         file. The best checkpoint's monitor defaults to the task's; standard callbacks restated in
@@ -379,13 +419,18 @@ class PolyattnCLI(LightningCLI):
         model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
         if files and hasattr(logger, "init_args") and logger.init_args.get("name") == DEFAULT_RUN_NAME:
             name = Path(str(files[-1])).stem
-            if model_args is not None and any(re.match(r"--model\.(init_args\.)?attention\b", arg)
-                                              for arg in getattr(self, "given_args", [])):
+            if model_args is not None and any(
+                re.match(r"--model\.(init_args\.)?attention\b", arg) for arg in getattr(self, "given_args", [])
+            ):
                 label = activation_label(model_args.attention)
                 if label != activation_label(config_attention(files) or ""):
                     name = f"{name}_{label}"
             logger.init_args.name = f"{task_family(config.model)}/{name}"
-        if self.subcommand in ("validate", "test", "predict") and config.get("ckpt_path") and hasattr(logger, "init_args"):
+        if (
+            self.subcommand in ("validate", "test", "predict")
+            and config.get("ckpt_path")
+            and hasattr(logger, "init_args")
+        ):
             if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():
                 save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
                 logger.init_args.save_dir, logger.init_args.name, logger.init_args.version = str(save_dir), "", version
@@ -422,9 +467,14 @@ class PolyattnCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if created is not None and trainer.global_step == 0 and log_dir.is_dir() and not any(log_dir.rglob("*.ckpt")):
+            if (
+                created is not None
+                and trainer.global_step == 0
+                and log_dir.is_dir()
+                and not any(log_dir.rglob("*.ckpt"))
+            ):
                 shutil.rmtree(log_dir, ignore_errors=True)
-                for folder in [log_dir, *log_dir.parents][1:len(log_dir.relative_to(created).parts) + 1]:
+                for folder in [log_dir, *log_dir.parents][1 : len(log_dir.relative_to(created).parts) + 1]:
                     with contextlib.suppress(OSError):  # only if empty: another run may be writing beside it
                         folder.rmdir()
             raise
@@ -434,7 +484,9 @@ class PolyattnCLI(LightningCLI):
             rank_zero_info(f"{subcommand}: wrote {log_dir}/: {', '.join(shown)}")
 
 
-def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[PolyattnCLI] | None = None) -> LightningCLI:
+def make_cli(
+    args: list[str] | None = None, run: bool = True, cli_class: type[PolyattnCLI] | None = None
+) -> LightningCLI:
     """Parse ``args`` (``sys.argv`` when None) and, with ``run``, execute the subcommand."""
     quiet_known_noise()
     return (cli_class or PolyattnCLI)(
@@ -445,9 +497,11 @@ def make_cli(args: list[str] | None = None, run: bool = True, cli_class: type[Po
         auto_configure_optimizers=False,  # the tasks build their own optimizer from their recipe
         save_config_callback=KeepingSaveConfigCallback,
         parser_class=ShortErrorParser,
-        parser_kwargs={"epilog": "other verbs (`polyattn VERB --help`):\n" + "\n".join(
-            f"  {verb:<11} {what}" for verb, what in COMMANDS.items()),
-            "formatter_class": KeepLinesHelpFormatter},
+        parser_kwargs={
+            "epilog": "other verbs (`polyattn VERB --help`):\n"
+            + "\n".join(f"  {verb:<11} {what}" for verb, what in COMMANDS.items()),
+            "formatter_class": KeepLinesHelpFormatter,
+        },
         args=args,
         run=run,
     )

@@ -6,6 +6,7 @@ modules, on first use, with one ``FutureWarning`` naming the new path. Nothing h
 name is asked for. Moved names of modules that still exist (``attention.attention_norms``...) are looked up
 through those modules' ``__getattr__``, which calls :func:`attribute`. Remove an entry one release after its move.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,8 +23,14 @@ _SWITCH, _KERNELS, _DIAGNOSTICS = f"{_A}.switch", f"{_A}.kernels", f"{_PACKAGE}.
 
 #: Old module -> the modules its names now live in, searched in order (the first is named in the warning).
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
-    f"{_A}.timm_patch": (f"{_SWITCH}.timm", f"{_SWITCH}.base", f"{_SWITCH}.timm.tables",
-                         f"{_SWITCH}.timm.families.swin", f"{_SWITCH}.timm.probe", _SWITCH),
+    f"{_A}.timm_patch": (
+        f"{_SWITCH}.timm",
+        f"{_SWITCH}.base",
+        f"{_SWITCH}.timm.tables",
+        f"{_SWITCH}.timm.families.swin",
+        f"{_SWITCH}.timm.probe",
+        _SWITCH,
+    ),
     f"{_A}.timm_sdpa": (f"{_SWITCH}.timm.sdpa",),
     f"{_A}.timm_probe": (f"{_SWITCH}.timm.probe",),
     f"{_A}.timm_adapters": (f"{_SWITCH}.timm.families",),
@@ -53,21 +60,35 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_A}.switched", "_adapts"): (f"{_SWITCH}.base", "register_adapter"),
     (f"{_A}.switched", "_ADAPTERS"): (f"{_SWITCH}.base", "ADAPTERS"),
     (f"{_A}.timm_sdpa", "_ADAPTERS"): (f"{_SWITCH}.base", "ADAPTERS"),
-    **{(f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.probe", name)
-       for name in ("probing", "probe_batch", "default_probe", "run_probe")},
-    **{(f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.norms", name)
-       for name in ("QUANTITIES", "metric_key")},
-    **{(f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.maps", name)
-       for name in ("LayerMaps", "collect_maps", "token_map", "stitch_windows")},
-    **{(f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.figures", name)
-       for name in ("attention_pictures", "heatmap_figure", "overlay_figure")},
-    **{(f"{_PACKAGE}.callbacks.resume", name): (f"{_PACKAGE}.rng", name)
-       for name in ("capture_rng_state", "restore_rng_state")},
+    **{
+        (f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.probe", name)
+        for name in ("probing", "probe_batch", "default_probe", "run_probe")
+    },
+    **{
+        (f"{_PACKAGE}.callbacks.attention_norms", name): (f"{_DIAGNOSTICS}.norms", name)
+        for name in ("QUANTITIES", "metric_key")
+    },
+    **{
+        (f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.maps", name)
+        for name in ("LayerMaps", "collect_maps", "token_map", "stitch_windows")
+    },
+    **{
+        (f"{_PACKAGE}.callbacks.attention_maps", name): (f"{_DIAGNOSTICS}.figures", name)
+        for name in ("attention_pictures", "heatmap_figure", "overlay_figure")
+    },
+    **{
+        (f"{_PACKAGE}.callbacks.resume", name): (f"{_PACKAGE}.rng", name)
+        for name in ("capture_rng_state", "restore_rng_state")
+    },
     (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
-    **{(f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.config", name)
-       for name in ("load_detector_config", "deep_merge", "heads_num_classes", "with_num_classes")},
-    **{(f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.scoring", name)
-       for name in ("coco_metric", "coco_scores", "METRIC_ITEMS", "COCO_REPORT")},
+    **{
+        (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.config", name)
+        for name in ("load_detector_config", "deep_merge", "heads_num_classes", "with_num_classes")
+    },
+    **{
+        (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.scoring", name)
+        for name in ("coco_metric", "coco_scores", "METRIC_ITEMS", "COCO_REPORT")
+    },
 }
 
 
@@ -77,13 +98,16 @@ def _targets(name: str) -> tuple[str, ...] | None:
         return MOVED_MODULES[name]
     for old, new in MOVED_PACKAGES.items():
         if name.startswith(old + "."):
-            return (new + name[len(old):],)
+            return (new + name[len(old) :],)
     return None
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path is an alias that goes in the next release",
-                  FutureWarning, stacklevel=_caller_level())
+    warnings.warn(
+        f"{old} moved to {new}; the old path is an alias that goes in the next release",
+        FutureWarning,
+        stacklevel=_caller_level(),
+    )
 
 
 def _caller_level() -> int:

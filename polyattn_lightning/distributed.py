@@ -13,6 +13,7 @@ it for every backend; it only imports torch, so any entry point can use it.
 :func:`gather_objects` is the one place where code outside Lightning's strategies gathers picklable
 values from every rank (RNG states for checkpoints, detections for the COCO metric).
 """
+
 from __future__ import annotations
 
 import contextlib

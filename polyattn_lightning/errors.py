@@ -10,6 +10,7 @@ traceback of user errors too.
 Each class also derives from the built-in exception a caller would catch (``ValueError``,
 ``FileNotFoundError``, ``KeyError``), so ``except ValueError`` keeps working.
 """
+
 from __future__ import annotations
 
 import functools

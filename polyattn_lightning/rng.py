@@ -1,5 +1,6 @@
 """Every random number generator a run draws from, captured and put back: for exact resume and for side passes
 (the diagnostics' probe forward) that must leave training as it would have been."""
+
 from __future__ import annotations
 
 import random

@@ -9,6 +9,7 @@ one door, :func:`set_attention`, with a folder per library). Where to add what:
 * a kernel backend: ``kernels/`` (its docstring has the recipe);
 * a timm family: ``switch/timm/`` (its docstring has the recipe); an HF model: ``switch/hf/``.
 """
+
 from .functional import attention, kernel_choice
 from .registry import (
     Activation,

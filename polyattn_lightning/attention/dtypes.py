@@ -4,6 +4,7 @@
 therefore computes in :func:`compute_dtype` with autocast off (:func:`autocast_off`) and casts the output
 back to the inputs' dtype.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext

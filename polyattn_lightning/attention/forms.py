@@ -13,6 +13,7 @@ A built-in activation names its form in ``Activation.kernel`` (``("poly", 3)``, 
 To add a fused form: a member here, its ``f``/``f'`` in those three places, and the activation's factory in
 ``registry.py`` setting ``kernel=("<name>",)``; the fused-kernel tests then cover it by name.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum

@@ -2,6 +2,7 @@
 (:func:`resolve_scores`) and hands them to a kernel backend (:mod:`~polyattn_lightning.attention.kernels`):
 the one named by ``kernel=``, or the one ``auto`` picks (:func:`kernel_choice` says which and why).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
@@ -53,8 +54,9 @@ def attention(
     the output has the input dtype. A query with no attendable key gets a zero output.
     """
     _check_inputs(q, k, v, dropout_p)
-    inputs = kernel_inputs(q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p,
-                           is_causal)
+    inputs = kernel_inputs(
+        q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p, is_causal
+    )
     from . import kernels
 
     return kernels.run(kernel, inputs)
@@ -73,14 +75,26 @@ def kernel_choice(q: Tensor, k: Tensor, v: Tensor, activation: ActivationSpec = 
     _check_inputs(q, k, v, options.get("dropout_p", 0.0))
     from . import kernels
 
-    return kernels.pick(kernel_inputs(
-        q, k, v, activation, options.get("scale"), options.get("temperature"), options.get("key_padding_mask"),
-        options.get("attn_mask"), options.get("attn_bias"), options.get("dropout_p", 0.0), options.get("is_causal", False),
-    ))
+    return kernels.pick(
+        kernel_inputs(
+            q,
+            k,
+            v,
+            activation,
+            options.get("scale"),
+            options.get("temperature"),
+            options.get("key_padding_mask"),
+            options.get("attn_mask"),
+            options.get("attn_bias"),
+            options.get("dropout_p", 0.0),
+            options.get("is_causal", False),
+        )
+    )
 
 
-def kernel_inputs(q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p,
-                  is_causal) -> "KernelInputs":
+def kernel_inputs(
+    q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p, is_causal
+) -> "KernelInputs":
     """``attention()``'s arguments as the kernels take them (:class:`~.kernels.base.KernelInputs`)."""
     from .kernels import KernelInputs  # on first use: importing the backends loads torch._dynamo (a second or so)
 

@@ -18,6 +18,7 @@ Softmax hands the additive mask to SDPA unchanged. Every other activation
 turns it into a boolean "allowed" mask: a masked key must contribute exactly
 nothing, and feeding -100 into ``x^3`` would not do that.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -83,7 +84,9 @@ def normalize_masks(
         if key_padding_mask.dtype != torch.bool:
             raise TypeError(f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}")
         if tuple(key_padding_mask.shape) != (B, Nk):
-            raise ValueError(f"key_padding_mask must have shape (B, Nk) = {(B, Nk)}, got {tuple(key_padding_mask.shape)}")
+            raise ValueError(
+                f"key_padding_mask must have shape (B, Nk) = {(B, Nk)}, got {tuple(key_padding_mask.shape)}"
+            )
         keep = ~key_padding_mask[:, None, None, :]
         allowed = keep if allowed is None else allowed & keep
         if additive is not None:
@@ -103,8 +106,9 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> Tensor
     return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
 
 
-def with_causal(allowed: Tensor | None, causal: int | None, num_queries: int, num_keys: int,
-                device: torch.device) -> Tensor | None:
+def with_causal(
+    allowed: Tensor | None, causal: int | None, num_queries: int, num_keys: int, device: torch.device
+) -> Tensor | None:
     """``allowed`` and the causal mask in one dense bool mask (``allowed`` itself when not causal)."""
     if causal is None:
         return allowed

@@ -17,6 +17,7 @@ activation's options (``scale=...`` and so on) as keyword arguments, so a YAML
 config can say ``{name: poly3, scale: 0.0714}``. Families with an integer
 parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
 """
+
 from __future__ import annotations
 
 import inspect
@@ -97,15 +98,17 @@ class Activation:
         for a form they do not know (a custom activation: it runs on the blocked kernel)."""
         return form_of(self.kernel)
 
-    def per_row(self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype,
-                shift: bool = True) -> tuple[Tensor, Tensor | None]:
+    def per_row(
+        self, n: Tensor, shape4: tuple[int, int, int, int], dtype: torch.dtype, shift: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """``(c(n), b(n))`` as contiguous ``(B*H, Nq)`` tensors, the fused kernels' layout; ``b(n)`` is None
         when ``shift`` is False (a kernel that takes no shift for an activation without one)."""
         batch, heads, nq, _ = shape4
         n = n.to(dtype)
         rows = (self.row_scale(n), self.row_shift(n) if shift else None)
-        return tuple(None if x is None else x.expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
-                     for x in rows)
+        return tuple(
+            None if x is None else x.expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous() for x in rows
+        )
 
     def __call__(self, scores: Tensor, n: Tensor | float) -> Tensor:
         """``phi(S)`` on materialised scores; ``n`` broadcasts against ``scores``."""
@@ -190,7 +193,9 @@ def get_activation(spec: ActivationSpec, **overrides) -> Activation:
     elif isinstance(spec, str):
         name, options = spec, {}
     else:
-        raise TypeError(f"activation must be a name, a mapping with 'name', or an Activation; got {type(spec).__name__}")
+        raise TypeError(
+            f"activation must be a name, a mapping with 'name', or an Activation; got {type(spec).__name__}"
+        )
     options.update({k: v for k, v in overrides.items() if v is not None})
     key = (name, tuple((option, type(value), value) for option, value in sorted(options.items())))
     try:
@@ -213,7 +218,9 @@ def _resolve(name: str, options: dict) -> Activation:
                 factory, args = family_factory, (int(match.group(1)),)
                 break
         else:
-            raise UnknownNameError(f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}")
+            raise UnknownNameError(
+                f"unknown attention activation {name!r}; registered: {', '.join(registered_activations())}"
+            )
     try:  # check the options against the factory's signature, not errors raised inside it
         inspect.signature(factory).bind(*args, **options)
     except TypeError as err:
@@ -238,8 +245,9 @@ POLY_POWERS = range(1, 9)
 def poly(p: int, scale: float | str = "inv_sqrt_n") -> Activation:
     """``S^p * c``: the polynomial-attention paper (x^3 and x, scale 1/sqrt(N)); powers 1-8."""
     if p not in POLY_POWERS:
-        raise ConfigError(f"poly{p}: the power must be an integer from {POLY_POWERS.start} to {POLY_POWERS.stop - 1}, "
-                          f"got {p}")
+        raise ConfigError(
+            f"poly{p}: the power must be an integer from {POLY_POWERS.start} to {POLY_POWERS.stop - 1}, got {p}"
+        )
     fn, grad = partial(_power, p=p), partial(_power_grad, p=p)
     return Activation(f"poly{p}", fn, grad, scale=scale, kernel=("poly", p), associative=(p == 1))
 

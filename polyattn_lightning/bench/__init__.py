@@ -1,4 +1,5 @@
 """Benchmarks: ``python -m polyattn_lightning.bench attention``."""
+
 from pathlib import Path
 
 #: The project's configs as installed: ``polyattn_lightning/configs`` (in a checkout a link to ``configs/``,

@@ -1,11 +1,20 @@
 """``python -m polyattn_lightning.bench <name> [options]``: run one benchmark by name."""
+
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHMARKS = {"attention": "attention", "detection": "detection", "diagnostics": "diagnostics", "hf": "hf",
-              "lra": "lra", "timm": "timm_models", "timm-support": "timm_support", "triton-static": "triton_static"}
+BENCHMARKS = {
+    "attention": "attention",
+    "detection": "detection",
+    "diagnostics": "diagnostics",
+    "hf": "hf",
+    "lra": "lra",
+    "timm": "timm_models",
+    "timm-support": "timm_support",
+    "triton-static": "triton_static",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         print(f"usage: python -m polyattn_lightning.bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
         return 2
-    benchmark = importlib.import_module(f".{BENCHMARKS[argv[0]]}", __package__)  # imported on use: detection needs mmdet
+    benchmark = importlib.import_module(
+        f".{BENCHMARKS[argv[0]]}", __package__
+    )  # imported on use: detection needs mmdet
     return benchmark.main(argv[1:])
 
 

@@ -27,6 +27,7 @@ The allocator's own accounting, unlike process RSS, does not depend on what
 the C allocator caches, so the small-tensor kernels are not lost in noise. On
 CUDA, the caching allocator's peak counter, reset before the step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,9 @@ class Case:
     masks: bool = True  # fn takes a key_padding_mask (else the case is left out of padded runs)
 
 
-def _kernel(activation: str, kernel: str, device: str | None = None, dropout_p: float = 0.0,
-            causal: bool = False) -> Case:
+def _kernel(
+    activation: str, kernel: str, device: str | None = None, dropout_p: float = 0.0, causal: bool = False
+) -> Case:
     label = f"{activation}/{kernel}" + (f"+dropout{dropout_p:g}" if dropout_p else "") + ("+causal" if causal else "")
     fn = partial(attention, activation=activation, kernel=kernel, dropout_p=dropout_p, is_causal=causal)
     return Case(label, fn, device=device)
@@ -90,8 +92,11 @@ CASES = [
     _kernel("poly1", "fused_cpu", "cpu"),
     _kernel("poly1", "triton", "cuda"),
     _kernel("poly1", "blocked"),
-    *(_kernel(name, kernel, device) for name in ("relu", "softplus", "sigmoid")
-      for kernel, device in (("fused_cpu", "cpu"), ("triton", "cuda"))),
+    *(
+        _kernel(name, kernel, device)
+        for name in ("relu", "softplus", "sigmoid")
+        for kernel, device in (("fused_cpu", "cpu"), ("triton", "cuda"))
+    ),
 ]
 #: The kernels the targets are checked on, best first: what ``attention()`` picks on the
 #: device, else the blocked fallback (e.g. a machine where the C++ kernels cannot be built).
@@ -129,7 +134,10 @@ def padding_mask(batch: int, n: int, fractions: tuple[float, float]) -> Tensor:
 
 
 def _inputs(
-    shape: tuple[int, int, int, int], device: str = "cpu", seed: int = 0, key_padding: tuple[float, float] | None = None,
+    shape: tuple[int, int, int, int],
+    device: str = "cpu",
+    seed: int = 0,
+    key_padding: tuple[float, float] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, ...]:
     """``(q, k, v, grad, key_padding_mask or None)``."""
@@ -181,8 +189,14 @@ def peak_bytes(case: Case, inputs) -> int:
 
 
 def run_shape(
-    name: str, shape, cases: list[Case], repeats: int, memory: bool, device: str = "cpu",
-    key_padding: tuple[float, float] | None = None, dtype: torch.dtype = torch.float32,
+    name: str,
+    shape,
+    cases: list[Case],
+    repeats: int,
+    memory: bool,
+    device: str = "cpu",
+    key_padding: tuple[float, float] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
     cases = [c for c in cases if (c.max_n is None or shape[2] <= c.max_n) and (c.masks or key_padding is None)]
     inputs = _inputs(shape, device, key_padding=key_padding, dtype=dtype)
@@ -203,8 +217,11 @@ def run_shape(
 
 
 def _check(target: str, value: float, limit: float, at_most: bool = True) -> dict:
-    return {"target": f"{target} {'<=' if at_most else '>='} {limit}", "value": value,
-            "met": value <= limit if at_most else value >= limit}
+    return {
+        "target": f"{target} {'<=' if at_most else '>='} {limit}",
+        "value": value,
+        "met": value <= limit if at_most else value >= limit,
+    }
 
 
 def check_targets(results: dict[str, dict]) -> list[dict]:
@@ -222,13 +239,17 @@ def check_targets(results: dict[str, dict]) -> list[dict]:
         quadratic = _first_present(cases, "poly1")
         if n == 4096 and quadratic and "poly1/associative" in cases:
             speedup = cases[quadratic]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
-            checks.append(_check(f"poly1/associative speed-up over {quadratic} (fwd+bwd) at {name}", speedup, 50, at_most=False))
+            checks.append(
+                _check(f"poly1/associative speed-up over {quadratic} (fwd+bwd) at {name}", speedup, 50, at_most=False)
+            )
         if n == 4096 and "key_lengths" in result and "poly1/associative" in cases:  # LRA: against softmax itself
             speedup = cases[BASELINE]["fwd_bwd_s"] / cases["poly1/associative"]["fwd_bwd_s"]
-            checks.append(_check(f"poly1/associative speed-up over {BASELINE} (fwd+bwd) at {name}", speedup, 5, at_most=False))
+            checks.append(
+                _check(f"poly1/associative speed-up over {BASELINE} (fwd+bwd) at {name}", speedup, 5, at_most=False)
+            )
         checks += _causal_checks(name, result)
         for softmax in (label for label in cases if label.startswith(BASELINE + "+")):
-            twin = _first_present(cases, "poly3", softmax[len(BASELINE):])
+            twin = _first_present(cases, "poly3", softmax[len(BASELINE) :])
             if twin:
                 ratio = cases[twin]["fwd_bwd_s"] / cases[softmax]["fwd_bwd_s"]
                 checks.append(_check(f"{twin} fwd+bwd time / {softmax} at {name}", ratio, 1.0))
@@ -253,8 +274,13 @@ def linear_memory_check(results: dict[str, dict]) -> list[dict]:
     (n0, per_row0), (n1, per_row1) = rows[short], rows[long]
     if n1 == n0:
         return []
-    return [_check(f"{LINEAR_CAUSAL} peak bytes per query row, {long} / {short} (O(N): ~1; O(N^2): {n1 / n0:g})",
-                   per_row1 / per_row0, 1.25)]
+    return [
+        _check(
+            f"{LINEAR_CAUSAL} peak bytes per query row, {long} / {short} (O(N): ~1; O(N^2): {n1 / n0:g})",
+            per_row1 / per_row0,
+            1.25,
+        )
+    ]
 
 
 def _causal_checks(name: str, result: dict) -> list[dict]:
@@ -328,22 +354,35 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0]
+    )
     parser.add_argument(
-        "--shapes", type=_parse_shapes, default=",".join(DEFAULT_SHAPES),
-        help=f"comma list of {', '.join(SHAPES)} or BxHxNxd (default: {','.join(DEFAULT_SHAPES)})"
+        "--shapes",
+        type=_parse_shapes,
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma list of {', '.join(SHAPES)} or BxHxNxd (default: {','.join(DEFAULT_SHAPES)})",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--cases", default=None, help="comma list of case labels to run (SDPA always runs)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler memory pass")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default: cpu)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="dtype of q, k, v (default: float32)")
     parser.add_argument(
-        "--key-padding", type=_parse_fractions, default=None, metavar="LO-HI",
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="dtype of q, k, v (default: float32)",
+    )
+    parser.add_argument(
+        "--key-padding",
+        type=_parse_fractions,
+        default=None,
+        metavar="LO-HI",
         help="pad the last LO..HI fraction of each sequence's keys (spread over the batch), e.g. 0-0.5",
     )
-    parser.add_argument("--dropout", type=float, default=0.0, help="also run each case that has dropout with this dropout_p")
+    parser.add_argument(
+        "--dropout", type=float, default=0.0, help="also run each case that has dropout with this dropout_p"
+    )
     parser.add_argument("--causal", action="store_true", help="also run each kernel case with is_causal=True")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
@@ -370,7 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape in args.shapes.items():
         print(f"running {name} {shape} ...", file=sys.stderr, flush=True)
         results[name] = run_shape(
-            name, shape, cases, args.repeats, memory=not args.no_memory, device=args.device, key_padding=args.key_padding,
+            name,
+            shape,
+            cases,
+            args.repeats,
+            memory=not args.no_memory,
+            device=args.device,
+            key_padding=args.key_padding,
             dtype=getattr(torch, args.dtype),
         )
     checks = check_targets(results)
@@ -379,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'MET ' if check['met'] else 'MISS'} {check['target']}: {check['value']:.2f}")
     if args.json:
         command = " ".join(["python -m polyattn_lightning.bench attention", *argv])
-        report = {"command": command, "machine": machine(load_before, args.device),
-                  "results": results, "targets": checks}
+        report = {
+            "command": command,
+            "machine": machine(load_before, args.device),
+            "results": results,
+            "targets": checks,
+        }
         write_report(report, args.json)
     return 0

@@ -11,6 +11,7 @@ times, each from the same RNG seed so both sample the same way, and each reports
 backbone alone (forward and backward of its four maps) is timed the same way, so that a slow step
 can be traced to the backbone's attention or cleared of it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,22 @@ def synthetic_batch(batch: int, height: int, width: int, seed: int = 0) -> dict:
         masks = np.zeros((len(boxes), height, width), np.uint8)
         for mask, (x1, y1, x2, y2) in zip(masks, boxes.astype(int)):
             mask[y1:y2, x1:x2] = 1
-        samples.append(pack(dict(
-            img=rng.integers(0, 256, (height, width, 3), dtype=np.uint8), img_shape=(height, width),
-            ori_shape=(height, width), img_id=index, img_path=f"{index}.jpg", scale_factor=(1.0, 1.0),
-            gt_bboxes=boxes.astype(np.float32), gt_bboxes_labels=np.arange(len(boxes)) % 80,
-            gt_ignore_flags=np.zeros(len(boxes), bool), gt_masks=BitmapMasks(masks, height, width),
-        )))
+        samples.append(
+            pack(
+                dict(
+                    img=rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
+                    img_shape=(height, width),
+                    ori_shape=(height, width),
+                    img_id=index,
+                    img_path=f"{index}.jpg",
+                    scale_factor=(1.0, 1.0),
+                    gt_bboxes=boxes.astype(np.float32),
+                    gt_bboxes_labels=np.arange(len(boxes)) % 80,
+                    gt_ignore_flags=np.zeros(len(boxes), bool),
+                    gt_masks=BitmapMasks(masks, height, width),
+                )
+            )
+        )
     return pseudo_collate(samples)
 
 
@@ -129,11 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     images = softmax.data_preprocessor(batch, True)["inputs"]
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05) for name, m in models.items()}
 
-    steps = {f"{name}/train_step": (lambda seed, m=m, o=optimizers[name]: train_step(m, o, batch, seed))
-             for name, m in models.items()}
+    steps = {
+        f"{name}/train_step": (lambda seed, m=m, o=optimizers[name]: train_step(m, o, batch, seed))
+        for name, m in models.items()
+    }
     steps |= {f"{name}/backbone_fwd_bwd": (lambda seed, m=m: backbone_step(m, images)) for name, m in models.items()}
-    print(f"running {len(steps)} cases x {args.repeats} at {args.batch}x{args.size[0]}x{args.size[1]} ...",
-          file=sys.stderr, flush=True)
+    print(
+        f"running {len(steps)} cases x {args.repeats} at {args.batch}x{args.size[0]}x{args.size[1]} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     times = interleaved(steps, args.repeats)
     medians = {name: statistics.median(t) for name, t in times.items()}
     (base, other_name) = list(models)
@@ -151,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["python -m polyattn_lightning.bench detection", *argv]),
             "machine": machine(load_before),
             "input": {"batch": args.batch, "height": args.size[0], "width": args.size[1], "config": str(args.config)},
-            "attention": attention, "samples_s": times, "median_s": medians, "ratio": ratios,
+            "attention": attention,
+            "samples_s": times,
+            "median_s": medians,
+            "ratio": ratios,
             "target": {"target": "train step ratio <= 1.05", "value": ratios["train_step"], "met": met},
         }
         write_report(report, args.json)

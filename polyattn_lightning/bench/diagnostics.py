@@ -14,6 +14,7 @@ runs (includes any indirect cost, but noisy on a busy machine). Maps: the median
 :class:`~polyattn_lightning.callbacks.AttentionMaps` drawing (probe pass, both
 figures, both PNGs) on the same model, i.e. what each validation adds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,27 @@ def _fit(config: Path, epochs: int, every: int | None, root: str, hook_seconds: 
     """Seconds of one ``fit``; ``every``: the norm callback's period, None: without it. The seconds spent in
     the callback's hook, one entry per training batch, go to ``hook_seconds``."""
     off = [*OFF, "norms"] if every is None else list(OFF)
-    args = ["--config", str(config), "--trainer.callbacks=[]", "--trainer.max_epochs", str(epochs),
-            "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
-            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-            "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", root,
-            "--callbacks_off", f"[{', '.join(off)}]"]
+    args = [
+        "--config",
+        str(config),
+        "--trainer.callbacks=[]",
+        "--trainer.max_epochs",
+        str(epochs),
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        root,
+        "--callbacks_off",
+        f"[{', '.join(off)}]",
+    ]
     if every is not None:
         args += ["--norms.every_n_steps", str(every)]
     cli = make_cli(args, run=False)
@@ -66,8 +83,9 @@ def _fit(config: Path, epochs: int, every: int | None, root: str, hook_seconds: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench diagnostics",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m polyattn_lightning.bench diagnostics", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", type=Path, default=QUICKSTART, help="training config (default: the quickstart)")
     parser.add_argument("--every", type=int, default=50, help="AttentionNorms every_n_steps (default 50)")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per timed run")
@@ -102,24 +120,40 @@ def main(argv: list[str] | None = None) -> int:
     added = with_norms - without
     in_hook = statistics.median(sum(run) for run in hook_seconds)
     result = {
-        "in_callback_per_epoch_s": in_hook / args.epochs, "in_callback_percent": 100 * in_hook / without,
+        "in_callback_per_epoch_s": in_hook / args.epochs,
+        "in_callback_percent": 100 * in_hook / without,
         "in_callback_per_probe_ms": 1000 * in_hook / max(probes, 1),
         "in_callback_seconds": [sum(run) for run in hook_seconds],
-        "config": str(args.config), "every_n_steps": args.every, "epochs": args.epochs, "steps": steps,
-        "probes": probes, "repeats": args.repeats, "fit_seconds": times,
-        "median_without_s": without, "median_with_s": with_norms,
-        "added_per_epoch_s": added / args.epochs, "added_percent": 100 * added / without,
-        "wall_per_probe_ms": 1000 * added / max(probes, 1), "maps_per_validation_s": statistics.median(draws),
-        "maps_seconds": draws, "machine": machine(load_before),
+        "config": str(args.config),
+        "every_n_steps": args.every,
+        "epochs": args.epochs,
+        "steps": steps,
+        "probes": probes,
+        "repeats": args.repeats,
+        "fit_seconds": times,
+        "median_without_s": without,
+        "median_with_s": with_norms,
+        "added_per_epoch_s": added / args.epochs,
+        "added_percent": 100 * added / without,
+        "wall_per_probe_ms": 1000 * added / max(probes, 1),
+        "maps_per_validation_s": statistics.median(draws),
+        "maps_seconds": draws,
+        "machine": machine(load_before),
     }
-    print(f"{args.config.name}: {steps} steps in {args.epochs} epoch(s), AttentionNorms every {args.every} steps "
-          f"({probes} probes)")
-    print(f"  inside the callback: {result['in_callback_per_epoch_s']:.3f} s per epoch "
-          f"({result['in_callback_percent']:.2f}% of the training time), "
-          f"{result['in_callback_per_probe_ms']:.0f} ms per probe")
-    print(f"  fit without {without:.2f} s, with {with_norms:.2f} s (medians of {args.repeats}): "
-          f"{added / args.epochs:+.2f} s per epoch ({result['added_percent']:+.1f}%), "
-          f"{result['wall_per_probe_ms']:.0f} ms per probe")
+    print(
+        f"{args.config.name}: {steps} steps in {args.epochs} epoch(s), AttentionNorms every {args.every} steps "
+        f"({probes} probes)"
+    )
+    print(
+        f"  inside the callback: {result['in_callback_per_epoch_s']:.3f} s per epoch "
+        f"({result['in_callback_percent']:.2f}% of the training time), "
+        f"{result['in_callback_per_probe_ms']:.0f} ms per probe"
+    )
+    print(
+        f"  fit without {without:.2f} s, with {with_norms:.2f} s (medians of {args.repeats}): "
+        f"{added / args.epochs:+.2f} s per epoch ({result['added_percent']:+.1f}%), "
+        f"{result['wall_per_probe_ms']:.0f} ms per probe"
+    )
     print(f"  AttentionMaps: {result['maps_per_validation_s']:.2f} s per validation (probe pass, two figures, PNGs)")
     print(f"  load average before {load_before[0]:.1f}, after {result['machine']['load_average_after'][0]:.1f}")
     write_report(result, args.json)

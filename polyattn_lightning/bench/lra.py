@@ -22,6 +22,7 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
   runs at 2000 tokens: memory that is linear in N grows 2x from 2000 to 4000 tokens, an N x N
   tensor 4x. Each case is one timed step and one profiled step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,18 @@ POLY3 = {"name": "poly3", "scale": 0.0714}
 POLY1 = {"name": "poly1", "scale": 0.0714}
 #: (label, activation, attention dropout) of the throughput part
 THROUGHPUT_CASES = [
-    ("softmax", "softmax", 0.1), ("poly3", POLY3, 0.1), ("poly1", POLY1, 0.1),
-    ("softmax+drop0", "softmax", 0.0), ("poly3+drop0", POLY3, 0.0), ("poly1+drop0", POLY1, 0.0),
+    ("softmax", "softmax", 0.1),
+    ("poly3", POLY3, 0.1),
+    ("poly1", POLY1, 0.1),
+    ("softmax+drop0", "softmax", 0.0),
+    ("poly3+drop0", POLY3, 0.0),
+    ("poly1+drop0", POLY1, 0.0),
 ]
 #: (label, activation, attention dropout, autocast to bf16) of the Retrieval 4k part
 RETRIEVAL_CASES = [
-    ("softmax+drop0", "softmax", 0.0, False), ("poly3", POLY3, 0.1, False), ("poly3+bf16", POLY3, 0.1, True),
+    ("softmax+drop0", "softmax", 0.0, False),
+    ("poly3", POLY3, 0.1, False),
+    ("poly3+bf16", POLY3, 0.1, True),
 ]
 VOCAB = 257  # bytes + padding, as the Text and Retrieval data
 
@@ -87,8 +94,14 @@ def lra_batch(batch: int, towers: int, length: int, padded: tuple[float, float] 
 
 def trainee(activation, attn_dropout: float, batch: dict, bf16: bool = False) -> Trainee:
     torch.manual_seed(0)  # every case starts from the same weights
-    model = LRAClassifier(VOCAB, batch["input_ids"].shape[-1], 2, two_tower=batch["input_ids"].dim() == 3,
-                          attention=activation, attn_dropout=attn_dropout).train()
+    model = LRAClassifier(
+        VOCAB,
+        batch["input_ids"].shape[-1],
+        2,
+        two_tower=batch["input_ids"].dim() == 3,
+        attention=activation,
+        attn_dropout=attn_dropout,
+    ).train()
     return Trainee(model, torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.0), batch, bf16)
 
 
@@ -97,20 +110,34 @@ def throughput(batch_size: int, repeats: int, length: int = 4096) -> dict:
     for task, towers in (("text", 1), ("retrieval", 2)):
         batch = lra_batch(batch_size, towers, length, padded=(0.0, 0.5))
         trainees = {label: trainee(act, p, batch) for label, act, p in THROUGHPUT_CASES}
-        print(f"throughput {task}: {len(trainees)} cases x {repeats} at {batch_size} x {towers} x {length}",
-              file=sys.stderr, flush=True)
+        print(
+            f"throughput {task}: {len(trainees)} cases x {repeats} at {batch_size} x {towers} x {length}",
+            file=sys.stderr,
+            flush=True,
+        )
         times = interleaved({label: t.step for label, t in trainees.items()}, repeats)
         cases = {}
         for label, t in trainees.items():
             seconds = statistics.median(times[label])
-            cases[label] = {"step_s": seconds, "sequences_per_s": batch_size / seconds, "samples_s": times[label],
-                            "peak_bytes": step_peak_bytes(t.step, torch.device("cpu"))}
+            cases[label] = {
+                "step_s": seconds,
+                "sequences_per_s": batch_size / seconds,
+                "samples_s": times[label],
+                "peak_bytes": step_peak_bytes(t.step, torch.device("cpu")),
+            }
         base = cases["softmax"]
         for entry in cases.values():
-            entry["ratio"] = {"sequences_per_s": entry["sequences_per_s"] / base["sequences_per_s"],
-                              "peak_bytes": entry["peak_bytes"] / base["peak_bytes"]}
-        results[task] = {"batch": batch_size, "towers": towers, "length": length,
-                         "real_tokens": batch["mask"].sum(-1).tolist(), "cases": cases}
+            entry["ratio"] = {
+                "sequences_per_s": entry["sequences_per_s"] / base["sequences_per_s"],
+                "peak_bytes": entry["peak_bytes"] / base["peak_bytes"],
+            }
+        results[task] = {
+            "batch": batch_size,
+            "towers": towers,
+            "length": length,
+            "real_tokens": batch["mask"].sum(-1).tolist(),
+            "cases": cases,
+        }
     return results
 
 
@@ -140,22 +167,31 @@ def retrieval4k(batch_size: int, length: int = 4000) -> dict:
 def format_report(report: dict) -> str:
     lines = []
     for task, result in report.get("throughput", {}).items():
-        lines += [f"\n{task}: batch {result['batch']} x {result['towers']} x {result['length']} tokens "
-                  "(50-100% real), training step", "| case | samples/s | x softmax | peak MiB | x softmax |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            f"\n{task}: batch {result['batch']} x {result['towers']} x {result['length']} tokens "
+            "(50-100% real), training step",
+            "| case | samples/s | x softmax | peak MiB | x softmax |",
+            "|---|---|---|---|---|",
+        ]
         for label, e in result["cases"].items():
-            lines.append(f"| {label} | {e['sequences_per_s']:.3f} | {e['ratio']['sequences_per_s']:.2f} | "
-                         f"{e['peak_bytes'] / 2**20:.0f} | {e['ratio']['peak_bytes']:.2f} |")
+            lines.append(
+                f"| {label} | {e['sequences_per_s']:.3f} | {e['ratio']['sequences_per_s']:.2f} | "
+                f"{e['peak_bytes'] / 2**20:.0f} | {e['ratio']['peak_bytes']:.2f} |"
+            )
     if "retrieval4k" in report:
         small, large = (key for key in next(iter(report["retrieval4k"].values())) if key.isdigit())
-        lines += [f"\nretrieval: training step, batch {report['retrieval_batch']} x 2 documents, peak memory",
-                  f"| case | {small} tok: s, MiB | {large} tok: s, MiB | growth | peak / one fp32 NxN | x softmax |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"\nretrieval: training step, batch {report['retrieval_batch']} x 2 documents, peak memory",
+            f"| case | {small} tok: s, MiB | {large} tok: s, MiB | growth | peak / one fp32 NxN | x softmax |",
+            "|---|---|---|---|---|---|",
+        ]
         for label, e in report["retrieval4k"].items():
             small, large = (e[key] for key in e if key.isdigit())
-            lines.append(f"| {label} | {small['step_s']:.1f}, {small['peak_bytes'] / 2**20:.0f} | "
-                         f"{large['step_s']:.1f}, {large['peak_bytes'] / 2**20:.0f} | {e['peak_growth']:.2f}x | "
-                         f"{large['peak_over_nxn_fp32']:.3f} | {e['peak_ratio_to_softmax']:.2f} |")
+            lines.append(
+                f"| {label} | {small['step_s']:.1f}, {small['peak_bytes'] / 2**20:.0f} | "
+                f"{large['step_s']:.1f}, {large['peak_bytes'] / 2**20:.0f} | {e['peak_growth']:.2f}x | "
+                f"{large['peak_over_nxn_fp32']:.3f} | {e['peak_ratio_to_softmax']:.2f} |"
+            )
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@
 One module for these so that the commands time, measure, describe the machine and write their reports the
 same way, and no command imports another command.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def interleaved(steps: dict[str, Callable[[int], object]], repeats: int) -> dict
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             steps[name](r + 1)
             times[name].append(time.perf_counter() - start)

@@ -10,6 +10,7 @@ switched to poly3. After one warm-up step each the steps run interleaved ``--rep
 reports its median and spread (max - min), and the ratios switched-softmax / timm and poly3 /
 switched-softmax come from medians of the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,13 +54,22 @@ def bench_model(name: str, img_size: int, batch: int, repeats: int, poly3) -> di
     softmax, poly = copy.deepcopy(timm_model), copy.deepcopy(timm_model)
     set_attention(softmax, "softmax")
     set_attention(poly, poly3)
-    steps = {"timm": training_step(timm_model, images, labels), "softmax": training_step(softmax, images, labels),
-             "poly3": training_step(poly, images, labels)}
+    steps = {
+        "timm": training_step(timm_model, images, labels),
+        "softmax": training_step(softmax, images, labels),
+        "poly3": training_step(poly, images, labels),
+    }
     times = interleaved(steps, repeats)
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "model": name, "img_size": img_size, "batch": batch, "repeats": repeats, "poly3": poly3,
-        "seconds": times, "median_s": medians, "spread_s": {k: max(v) - min(v) for k, v in times.items()},
+        "model": name,
+        "img_size": img_size,
+        "batch": batch,
+        "repeats": repeats,
+        "poly3": poly3,
+        "seconds": times,
+        "median_s": medians,
+        "spread_s": {k: max(v) - min(v) for k, v in times.items()},
         "switched_softmax_over_timm": medians["softmax"] / medians["timm"],
         "poly3_over_switched_softmax": medians["poly3"] / medians["softmax"],
     }
@@ -82,13 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         report["results"].append(r)
         report["machine"] = machine(load)
         med, spread = r["median_s"], r["spread_s"]
-        print(f"{r['model']} {r['img_size']}px batch {r['batch']}: timm {med['timm']:.3f} s (spread {spread['timm']:.3f}), "
-              f"switched softmax {med['softmax']:.3f} s ({spread['softmax']:.3f}), poly3 {med['poly3']:.3f} s "
-              f"({spread['poly3']:.3f}); softmax/timm {r['switched_softmax_over_timm']:.3f}x, "
-              f"poly3/softmax {r['poly3_over_switched_softmax']:.3f}x; load average now {os.getloadavg()}", flush=True)
+        print(
+            f"{r['model']} {r['img_size']}px batch {r['batch']}: "
+            f"timm {med['timm']:.3f} s (spread {spread['timm']:.3f}), "
+            f"switched softmax {med['softmax']:.3f} s ({spread['softmax']:.3f}), poly3 {med['poly3']:.3f} s "
+            f"({spread['poly3']:.3f}); softmax/timm {r['switched_softmax_over_timm']:.3f}x, "
+            f"poly3/softmax {r['poly3_over_switched_softmax']:.3f}x; load average now {os.getloadavg()}",
+            flush=True,
+        )
         write_report(report, args.json)
     print(f"load average before {load}, after {report['machine']['load_average_after']}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

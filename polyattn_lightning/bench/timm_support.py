@@ -8,6 +8,7 @@ polyattn_lightning.bench timm-support --write README.md`` rewrites the table bet
 ``--check README.md`` fails when the README's table differs from the measurement. A module whose
 first model has no attention but a variant has (fastvit, mobilenetv3) shows the variant's row only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,27 @@ from ..attention.switch.timm import AttentionRefused, switch_modules
 from ..attention.switch.timm.tables import class_name
 
 #: Name parts of the small members of a model family, smallest first.
-SIZE_ORDER = ("test", "atto", "femto", "pico", "nano", "xxxs", "xxs", "xx", "tiny", "xs", "x", "t", "mini", "small",
-              "s", "b", "m", "base", "medium")
+SIZE_ORDER = (
+    "test",
+    "atto",
+    "femto",
+    "pico",
+    "nano",
+    "xxxs",
+    "xxs",
+    "xx",
+    "tiny",
+    "xs",
+    "x",
+    "t",
+    "mini",
+    "small",
+    "s",
+    "b",
+    "m",
+    "base",
+    "medium",
+)
 
 #: Variants whose attention differs from their module's first model: (module, timm model name, kwargs).
 VARIANTS: tuple[tuple[str, str, dict], ...] = (
@@ -106,7 +126,9 @@ def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
     else:
         verdict = "switched" + (", pooling head softmax" if kept else "")
     return SupportRow(
-        family, label, verdict,
+        family,
+        label,
+        verdict,
         "<br>".join(f"`{c}` x{n}" for c, n in sorted(counts.items())),
         "<br>".join(f"`{c}` x{n}: {reason}" for (c, reason, _), n in sorted(kept.items())),
     )
@@ -149,8 +171,9 @@ def replace_table(text: str, new_table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench timm-support",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m polyattn_lightning.bench timm-support", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--write", type=Path, help="rewrite the table in this Markdown file")
     parser.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table differs")
     parser.add_argument("families", nargs="*", help="only these timm model modules")

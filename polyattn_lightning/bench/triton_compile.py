@@ -17,6 +17,7 @@ The launches are the ones ``triton_forward`` / ``triton_backward`` would make
 (``forward_launches``, ``backward_launches``), built on meta tensors, so the
 specialisation (alignment, ``== 1``) is the real one for those shapes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,8 +77,9 @@ def case_launches(case: Case) -> list[tk.Launch]:
     os.environ["POLYATTN_TRITON_TABLE"] = case.table
     try:
         common = (c, shift, mask, bias, seed, heads, d**-0.5, form, power, p, 0 if case.causal else None)
-        return (tk.forward_launches(q3, k3, v3, out, *common)
-                + tk.backward_launches(q3, k3, v3, do, dq, dk, dv, ds, *common, case.extras))
+        return tk.forward_launches(q3, k3, v3, out, *common) + tk.backward_launches(
+            q3, k3, v3, do, dq, dk, dv, ds, *common, case.extras
+        )
     finally:
         torch.set_float32_matmul_precision(previous)
         if table is None:
@@ -113,8 +115,9 @@ def mma_kinds(ttgir: str) -> list[str]:
     return kinds
 
 
-_PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
-                    re.S)
+_PTXAS = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers", re.S
+)
 
 
 def _ptxas_figures(log: str) -> dict:
@@ -131,8 +134,12 @@ def _run_ptxas(ptx: str, arch: int) -> str:
         with open(source, "w") as f:
             f.write(ptx)
         gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
-        result = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", source, "-o", os.path.join(folder, "k.cubin")],
-                                capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={gpu}", source, "-o", os.path.join(folder, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return result.stdout + result.stderr
 
 

@@ -11,6 +11,7 @@ under another Triton the figures are reported without a verdict.
 Exit status: 0 the goals hold (or another Triton: not judged), 1 a goal fails,
 2 no Triton.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,23 @@ def matrix() -> list[tuple[dict, int]]:
     (bf16, d 64 and 128, both architectures)."""
     cases = [
         (dict(dtype=dtype, d=d, extras=extras), arch)
-        for arch in ARCHS for dtype in ("bfloat16", "float16", "float32") for d in (32, 64, 128, 256)
+        for arch in ARCHS
+        for dtype in ("bfloat16", "float16", "float32")
+        for d in (32, 64, 128, 256)
         for extras in (False, True)
     ]
     cases += [(dict(form=form), 90) for form in ("poly1", "relu", "softplus", "sigmoid")]
-    cases += [(dict(n=197, extras=True), 80), (dict(n=49, d=32, extras=True), 80),
-              (dict(dtype="float32", precision="medium"), 90)]
-    cases += [(dict(dtype=dtype, d=d, extras=True, causal=True), arch)
-              for arch in ARCHS for d in (64, 128) for dtype in ("bfloat16",)]
+    cases += [
+        (dict(n=197, extras=True), 80),
+        (dict(n=49, d=32, extras=True), 80),
+        (dict(dtype="float32", precision="medium"), 90),
+    ]
+    cases += [
+        (dict(dtype=dtype, d=d, extras=True, causal=True), arch)
+        for arch in ARCHS
+        for d in (64, 128)
+        for dtype in ("bfloat16",)
+    ]
     return cases
 
 
@@ -92,11 +102,17 @@ def run(jobs: int = 2, items: list[tuple[dict, int]] | None = None) -> dict:
         row["missed"] = verdicts(row) if judged else None
     return {
         "command": "python -m polyattn_lightning.bench triton-static",
-        "triton": triton.__version__, "torch": torch.__version__, "judged": judged, "goals": GOALS,
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "jobs": jobs,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "judged": judged,
+        "goals": GOALS,
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "jobs": jobs,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "seconds": round(time.perf_counter() - start, 1), "compiles": len(rows), "rows": rows,
+        "seconds": round(time.perf_counter() - start, 1),
+        "compiles": len(rows),
+        "rows": rows,
     }
 
 
@@ -117,16 +133,19 @@ def markdown(report: dict) -> str:
         for row in rows:
             c = row["config"]
             kinds = sorted(set(row["dots"]))
-            cells.append(f"{c['block_m']}x{c['block_n']}/{c['num_warps']}w/{c['num_stages']}s, "
-                         f"{row['shared'] / 1024:.0f} KB, {row['registers']} regs, {row['spill_stores']} B spill, "
-                         f"{'+'.join(kinds)}" + (" **MISSED**" if row["missed"] else ""))
+            cells.append(
+                f"{c['block_m']}x{c['block_n']}/{c['num_warps']}w/{c['num_stages']}s, "
+                f"{row['shared'] / 1024:.0f} KB, {row['registers']} regs, {row['spill_stores']} B spill, "
+                f"{'+'.join(kinds)}" + (" **MISSED**" if row["missed"] else "")
+            )
         lines.append(f"| {label} | {arch} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench triton-static",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m polyattn_lightning.bench triton-static", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--jobs", type=int, default=2, help="compiling processes (default: 2)")
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md table")
@@ -143,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     missed = [row for row in report["rows"] if row["missed"]]
     if args.markdown:
         print(markdown(report))
-    print(f"{report['compiles']} compiles in {report['seconds']} s on {args.jobs} processes (load average "
-          f"{report['load_average_before']} -> {report['load_average_after']}); triton {report['triton']}: "
-          + (f"{len(missed)} kernels miss a goal" if report["judged"] else "goals not judged for this version"))
+    print(
+        f"{report['compiles']} compiles in {report['seconds']} s on {args.jobs} processes (load average "
+        f"{report['load_average_before']} -> {report['load_average_after']}); triton {report['triton']}: "
+        + (f"{len(missed)} kernels miss a goal" if report["judged"] else "goals not judged for this version")
+    )
     for row in missed:
         print(f"  {_case_label(row)} sm_{row['arch']} {row['kernel']}: {'; '.join(row['missed'])}")
     return 1 if missed else 0

@@ -1,6 +1,7 @@
 """Task-agnostic callbacks for long cluster runs. The CLI adds the standard ones to every run under short keys
 (``--nan_guard.on_nonfinite skip``: :mod:`.standard`); the opt-in ones go in ``trainer.callbacks`` by class
 name or full path (``--trainer.callbacks+=AttentionMaps``; jsonargparse finds any imported Callback subclass)."""
+
 from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms
 from .ema import EMA
@@ -10,6 +11,12 @@ from .preemption import SlurmPreemption
 from .resume import ExactResume
 
 __all__ = [
-    "AttentionMaps", "AttentionNorms", "EMA", "ExactResume", "NonFiniteLossError", "NonFiniteLossGuard",
-    "PredictionWriter", "SlurmPreemption",
+    "AttentionMaps",
+    "AttentionNorms",
+    "EMA",
+    "ExactResume",
+    "NonFiniteLossError",
+    "NonFiniteLossGuard",
+    "PredictionWriter",
+    "SlurmPreemption",
 ]

@@ -1,4 +1,6 @@
-"""Draw the attention maps at the end of validation (:func:`~polyattn_lightning.diagnostics.figures.attention_pictures`)."""
+"""Draw the attention maps at the end of validation
+(:func:`~polyattn_lightning.diagnostics.figures.attention_pictures`)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -70,8 +72,14 @@ class AttentionMaps(Callback):
         if (self._validations - 1) % self.every_n_epochs:
             return
         step = trainer.global_step
-        figures = attention_pictures(pl_module, self._probe, self.layers, self.heads, self.samples,
-                                     f" (epoch {trainer.current_epoch}, step {step})")
+        figures = attention_pictures(
+            pl_module,
+            self._probe,
+            self.layers,
+            self.heads,
+            self.samples,
+            f" (epoch {trainer.current_epoch}, step {step})",
+        )
         self._dir.mkdir(parents=True, exist_ok=True)
         for name, fig in figures.items():
             fig.savefig(self._dir / f"step{step:07d}_{name}.png", dpi=100)

@@ -15,6 +15,7 @@ it, and it only reads the model. Only global rank zero probes (loggers write on
 rank zero; the probe calls the bare module, never the DDP wrapper, so no rank
 waits on another).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
-"""The EMA of the weights (opt-in: ``configs/classification/trainer/callbacks/ema.yaml``): Lightning's ``EMAWeightAveraging``,
+"""The EMA of the weights (opt-in: ``configs/classification/trainer/callbacks/ema.yaml``): Lightning's
+``EMAWeightAveraging``,
 without a warning that does not apply to the strategies that build whole models.
 
 Lightning's ``WeightAveraging`` makes its averaged copy in ``setup()``, which runs before Lightning calls the
@@ -8,6 +9,7 @@ complete, and warns: "WeightAveraging doesn't support sharding model layers, so 
 device and under DDP nothing is sharded, every process holds the whole model anyway, and the warning is dropped;
 under any other strategy (FSDP, DeepSpeed, model parallel) it stays.
 """
+
 from __future__ import annotations
 
 import warnings

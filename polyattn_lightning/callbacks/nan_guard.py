@@ -1,4 +1,5 @@
 """Never train on a NaN or inf loss: stop the run, or skip the step, for any LightningModule."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -55,7 +56,9 @@ class NonFiniteLossGuard(Callback):
         rank_zero_warn(f"non-finite training loss at {where}: skipping this optimizer step")
         self._drop_gradients = True
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
+    ) -> None:
         if self._drop_gradients:
             optimizer.zero_grad(set_to_none=True)
             self._drop_gradients = False

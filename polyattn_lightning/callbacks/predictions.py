@@ -1,4 +1,5 @@
 """Keep what ``lightning predict`` computes: Lightning itself only returns it to the caller."""
+
 from __future__ import annotations
 
 from pathlib import Path

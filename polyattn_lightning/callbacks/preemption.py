@@ -6,6 +6,7 @@ whose batch the requeued job never trains, and under DDP the save's barrier can 
 collective in flight. With auto-requeue its SIGTERM handler only logs, so a plain SIGTERM
 (preemption without ``--signal``, ``scancel``) saves nothing.
 """
+
 from __future__ import annotations
 
 import copy
@@ -105,8 +106,9 @@ class SlurmPreemption(Callback):
             self._sigterm_at = time.monotonic()
 
     # -- step and validation boundaries ----------------------------------------------------------------------
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._environment is not None:
             self._act(trainer, mid_validation=False)
 
@@ -114,8 +116,15 @@ class SlurmPreemption(Callback):
         if self._environment is not None and _fitting(trainer):
             self._validation_start = trainer.fit_loop.epoch_loop.val_loop.batch_progress.state_dict()
 
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._environment is not None and _fitting(trainer):
             self._act(trainer, mid_validation=True)
 
@@ -130,8 +139,10 @@ class SlurmPreemption(Callback):
             finally:
                 self._rewind_validation = False
         else:
-            rank_zero_warn(f"SIGTERM came too late to write a checkpoint within kill_wait={self.kill_wait} s: exiting;"
-                           " the requeued job resumes from the last complete checkpoint")
+            rank_zero_warn(
+                f"SIGTERM came too late to write a checkpoint within kill_wait={self.kill_wait} s: exiting;"
+                " the requeued job resumes from the last complete checkpoint"
+            )
         if requeue and trainer.is_global_zero:
             _requeue()
         raise SIGTERMException
@@ -139,7 +150,8 @@ class SlurmPreemption(Callback):
     def _agree(self, trainer: pl.Trainer) -> tuple[bool, bool, bool]:
         """(requeue signal, SIGTERM, too late for a SIGTERM checkpoint), each true if it is on any rank."""
         too_late = self._sigterm_at is not None and (
-            time.monotonic() - self._sigterm_at + self._last_write_s > self.kill_wait)
+            time.monotonic() - self._sigterm_at + self._last_write_s > self.kill_wait
+        )
         flags = [self._got_requeue_signal, self._sigterm_at is not None, too_late]
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
             tensor = torch.tensor(flags, dtype=torch.int32, device=trainer.strategy.root_device)
@@ -160,8 +172,9 @@ class SlurmPreemption(Callback):
                     (folder / f"hpc_ckpt_{number}.ckpt").unlink(missing_ok=True)
         rank_zero_info(f"saved {path} at step {trainer.global_step} in {self._last_write_s:.1f} s")
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         """A save during validation records the pass as started but not run, so the resumed job runs all of it.
 
         Lightning resumes a checkpoint whose val loop has one batch started and none processed by going
@@ -176,8 +189,9 @@ class SlurmPreemption(Callback):
             progress[part]["started"] += 1
         checkpoint["loops"]["fit_loop"][_VAL_PROGRESS] = progress
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         self._got_requeue_signal, self._sigterm_at = False, None
 
 

@@ -4,6 +4,7 @@ A run with ``max_steps`` and no ``max_epochs`` (the LRA trainers) has ``max_epoc
 ``RichProgressBar`` prints as the last epoch, ``-2``; this bar says ``Epoch 6`` there. The CLI uses it
 where rich is installed and no other progress bar is given.
 """
+
 from __future__ import annotations
 
 from lightning.pytorch.callbacks import RichProgressBar

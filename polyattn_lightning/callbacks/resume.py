@@ -1,4 +1,5 @@
 """What a Lightning checkpoint lacks for an exact resume: RNG states, and (a Lightning bug) the loader position."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,7 +16,8 @@ from ..rng import capture_rng_state, restore_rng_state
 
 #: The checkpoint key: a list of RNG state dicts indexed by global rank.
 RNG_KEY = "rng_states"
-#: The checkpoint key: the ``max_epochs`` and ``max_steps`` of the run that saved it, which its lr schedule was made for.
+#: The checkpoint key: the ``max_epochs`` and ``max_steps`` of the run that saved it, which its lr schedule was made
+#: for.
 LIMITS_KEY = "trainer_limits"
 
 
@@ -46,11 +48,15 @@ class ExactResume(Callback):
         self._rng_states: list[dict[str, Any]] | None = None
         self._loader_states: list[dict[str, Any]] = []
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         checkpoint[RNG_KEY] = gather_objects(capture_rng_state())  # every rank saves; only rank 0 writes the file
         checkpoint[LIMITS_KEY] = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         self._rng_states = checkpoint.get(RNG_KEY)
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])

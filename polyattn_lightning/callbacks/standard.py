@@ -9,6 +9,7 @@ A config saved before they were standard (a run's ``config.yaml``) lists them in
 :func:`drop_restated` removes such copies with a warning naming the short key, so a resumed run never
 has two ``ExactResume``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,21 +48,29 @@ class StandardCallback:
 
 STANDARD_CALLBACKS = (
     StandardCallback(
-        "checkpoint", ModelCheckpoint,
+        "checkpoint",
+        ModelCheckpoint,
         "the best checkpoint; monitor and mode default to the task's (val/top1 max, val/bbox_mAP max)",
         {"filename": BEST_FILENAME, "auto_insert_metric_name": False, "monitor": None, "mode": None},
     ),
     StandardCallback(
         # a second ModelCheckpoint: Lightning 2.6's save_last on the best one rewrites last.ckpt only when a new
         # best is saved, so a resume from it would lose every step since the last improvement
-        "last_checkpoint", ModelCheckpoint, "checkpoints/last.ckpt, rewritten at every validation, for resuming",
+        "last_checkpoint",
+        ModelCheckpoint,
+        "checkpoints/last.ckpt, rewritten at every validation, for resuming",
         {"filename": LAST_FILENAME, "save_top_k": 1, "enable_version_counter": False},
     ),
     StandardCallback("lr_monitor", LearningRateMonitor, "logs the learning rate", {"logging_interval": "step"}),
     StandardCallback("resume", ExactResume, "a resumed run continues exactly (RNG states, mid-epoch loader position)"),
-    StandardCallback("preemption", SlurmPreemption,
-                     "under SLURM, the requeue signal and SIGTERM checkpoint at the next step boundary (exact requeue)"),
-    StandardCallback("nan_guard", NonFiniteLossGuard, "a NaN or inf loss stops the run (on_nonfinite: skip skips the step)"),
+    StandardCallback(
+        "preemption",
+        SlurmPreemption,
+        "under SLURM, the requeue signal and SIGTERM checkpoint at the next step boundary (exact requeue)",
+    ),
+    StandardCallback(
+        "nan_guard", NonFiniteLossGuard, "a NaN or inf loss stops the run (on_nonfinite: skip skips the step)"
+    ),
     StandardCallback("predictions", PredictionWriter, "`predict` saves its outputs to <log dir>/predictions/"),
     StandardCallback("norms", AttentionNorms, "attention norms per layer and head every every_n_steps steps"),
 )
@@ -85,8 +94,9 @@ def resolve_checkpoint_monitor(settings: dict[str, Any], task_class: type | None
         settings["mode"] = mode if settings["monitor"] == monitor else "min"
 
 
-def drop_restated(callbacks: list[tuple[type | None, dict[str, Any]]], standard: dict[str, dict[str, Any]],
-                  off: set[str]) -> tuple[list[int], list[str]]:
+def drop_restated(
+    callbacks: list[tuple[type | None, dict[str, Any]]], standard: dict[str, dict[str, Any]], off: set[str]
+) -> tuple[list[int], list[str]]:
     """Which ``trainer.callbacks`` entries (``(class, init_args)``) are standard callbacks the CLI adds
     anyway (not one in ``off``): their indices and a warning for each, naming its short key and any setting of
     the listed copy that differs from the short key's (``standard``: the short keys' settings)."""
@@ -97,10 +107,17 @@ def drop_restated(callbacks: list[tuple[type | None, dict[str, Any]]], standard:
             continue
         dropped.append(index)
         differ = {k: v for k, v in init_args.items() if k in standard[spec.key] and standard[spec.key][k] != v}
-        message = (f"trainer.callbacks: {spec.cls.__name__} is a standard callback now, under "
-                   f"--{spec.key}; the copy in trainer.callbacks is dropped")
+        message = (
+            f"trainer.callbacks: {spec.cls.__name__} is a standard callback now, under "
+            f"--{spec.key}; the copy in trainer.callbacks is dropped"
+        )
         if differ:
-            message += " and its " + ", ".join(f"{k}={v!r}" for k, v in differ.items()) + " not used (" + ", ".join(
-                f"--{spec.key}.{k} {v}" for k, v in differ.items()) + " keeps it)"
+            message += (
+                " and its "
+                + ", ".join(f"{k}={v!r}" for k, v in differ.items())
+                + " not used ("
+                + ", ".join(f"--{spec.key}.{k} {v}" for k, v in differ.items())
+                + " keeps it)"
+            )
         warnings.append(message)
     return dropped, warnings

@@ -7,6 +7,7 @@ check, not one crashed run per file. Takes the same ``--config`` and ``--data.*`
 ``polyattn fit``; no model is built. Exits with status 0 when every image reads, 2 (after listing
 them all) otherwise. ``--data.check_images true`` runs the same check at the start of training.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,15 @@ def image_paths(datamodule) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn check-data", description=__doc__.split("\n\n")[1],
-                                epilog="Further --data.* / --model.* arguments are passed on as for `polyattn fit`.")
+    p = argparse.ArgumentParser(
+        prog="polyattn check-data",
+        description=__doc__.split("\n\n")[1],
+        epilog="Further --data.* / --model.* arguments are passed on as for `polyattn fit`.",
+    )
     p.add_argument("--config", "-c", action="append", required=True, help="experiment config (repeat to compose)")
-    p.add_argument("--workers", type=int, default=None, help="decoding processes (default: the CPUs this process may use)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="decoding processes (default: the CPUs this process may use)"
+    )
     return p
 
 

@@ -7,6 +7,7 @@ The images get timm's evaluation transform (resize, centre crop, normalise)
 at the model's input size; ``--mean``/``--std`` must be the ones the model was
 trained with (ImageNet's by default; ``0.5 0.5 0.5`` for the digits quickstart).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def module_class(name: str) -> type[LightningModule]:
     except (ImportError, AttributeError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, LightningModule)):
-        raise ConfigError(f"--model-class {name!r} is not a LightningModule (a task name such as ClassificationModule "
-                         "or a dotted path package.module.Class)")
+        raise ConfigError(
+            f"--model-class {name!r} is not a LightningModule (a task name such as ClassificationModule "
+            "or a dotted path package.module.Class)"
+        )
     return cls
 
 
@@ -57,8 +60,10 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
     overrides = {"pretrained": None} if hparams.get("pretrained") else {}  # the checkpoint's weights replace them
     # Lightning's loader: it also rebuilds hyperparameters the CLI saved as plain dicts (recipes) into their types
     module = cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, **overrides)
-    print(f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors, saved at epoch "
-          f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}")
+    print(
+        f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors, saved at epoch "
+        f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
+    )
     return module.eval()
 
 
@@ -73,17 +78,28 @@ def input_size(module: LightningModule, given: int | None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn maps", description=(
-        "Heat maps of phi(S) per layer and head, and where the model looks over each image, for a checkpoint "
-        "and image files: writes OUT/heatmaps.png and OUT/overlay.png."))
+    p = argparse.ArgumentParser(
+        prog="polyattn maps",
+        description=(
+            "Heat maps of phi(S) per layer and head, and where the model looks over each image, for a checkpoint "
+            "and image files: writes OUT/heatmaps.png and OUT/overlay.png."
+        ),
+    )
     p.add_argument("--ckpt", type=Path, required=True, help="checkpoint of a trained run")
     p.add_argument("--image", type=Path, action="append", required=True, help="image file (repeat for several)")
-    p.add_argument("--layer", type=layer_ref, action="append", help="1-based attention layer or module name (repeat); "
-                   "default: every layer")
+    p.add_argument(
+        "--layer",
+        type=layer_ref,
+        action="append",
+        help="1-based attention layer or module name (repeat); default: every layer",
+    )
     p.add_argument("--head", type=int, action="append", help="0-based head (repeat); default: every head")
     p.add_argument("--out", type=Path, required=True, help="directory for heatmaps.png and overlay.png")
-    p.add_argument("--model-class", help="the checkpoint's LightningModule class (default: the one the CLI recorded in "
-                   "it, else ClassificationModule)")
+    p.add_argument(
+        "--model-class",
+        help="the checkpoint's LightningModule class (default: the one the CLI recorded in "
+        "it, else ClassificationModule)",
+    )
     p.add_argument("--img-size", type=int, help="input side (default: the model's)")
     p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_DEFAULT_MEAN, help="normalisation mean")
     p.add_argument("--std", type=float, nargs=3, default=IMAGENET_DEFAULT_STD, help="normalisation std")

@@ -9,6 +9,7 @@ tensorboard's ``EventAccumulator``) or a CSVLogger ``metrics.csv`` is one run,
 labelled by its path and the attention activation of its ``config.yaml`` or
 ``hparams.yaml``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -128,15 +129,24 @@ def norms_figure(runs: dict[str, Series], layers: list[int] | None, quantities: 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn norms", description=(
-        "Draw the attention norms runs logged (TensorBoard or CSV) against the training step: a line per run, "
-        "a panel per layer, a row per norm."))
+    p = argparse.ArgumentParser(
+        prog="polyattn norms",
+        description=(
+            "Draw the attention norms runs logged (TensorBoard or CSV) against the training step: a line per run, "
+            "a panel per layer, a row per norm."
+        ),
+    )
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
-    p.add_argument("--layer", type=int, action="append",
-                   help="1-based layer to draw (repeat); default: every logged one")
-    p.add_argument("--quantity", choices=list(QUANTITIES.values()), action="append",
-                   help="norm to draw (repeat); default: all three")
+    p.add_argument(
+        "--layer", type=int, action="append", help="1-based layer to draw (repeat); default: every logged one"
+    )
+    p.add_argument(
+        "--quantity",
+        choices=list(QUANTITIES.values()),
+        action="append",
+        help="norm to draw (repeat); default: all three",
+    )
     p.add_argument("--linear", action="store_true", help="linear instead of log y axis")
     p.add_argument("--dpi", type=int, default=100)
     return p
@@ -151,11 +161,15 @@ def main(argv: list[str] | None = None) -> Path:
             if series:
                 runs[run_label(run, root)] = series
             else:
-                print(f"skipped {run}: its logs hold no attention norms (run with --callbacks_off [norms], or "
-                      "stopped before the first probe step)")
+                print(
+                    f"skipped {run}: its logs hold no attention norms (run with --callbacks_off [norms], or "
+                    "stopped before the first probe step)"
+                )
     if not runs:
-        raise ConfigError(f"no attention norms logged under {', '.join(map(str, args.runs))}: the standard norms "
-                         "callback logs them (every --norms.every_n_steps steps) unless --callbacks_off names it")
+        raise ConfigError(
+            f"no attention norms logged under {', '.join(map(str, args.runs))}: the standard norms "
+            "callback logs them (every --norms.every_n_steps steps) unless --callbacks_off names it"
+        )
     fig = norms_figure(runs, args.layer, args.quantity or list(QUANTITIES.values()), log=not args.linear)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=args.dpi)

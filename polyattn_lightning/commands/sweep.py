@@ -9,6 +9,7 @@ the attention ``scale`` set and the patch size chosen so that the image holds
 one pass over the validation set. Runs keep nothing (no logger, no checkpoints;
 each runs in a temporary directory). The numbers go to a CSV beside the PNG.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,10 @@ def patch_size(length: int, img_size: int) -> int:
     if side * side == length and side and img_size % side == 0:
         return img_size // side
     fitting = [(img_size // p) ** 2 for p in range(1, img_size + 1) if img_size % p == 0]
-    raise ConfigError(f"--lengths {length}: a {img_size}-px image cuts into a square number of equal patches only: "
-                     f"{', '.join(map(str, fitting))} (or change --img-size)")
+    raise ConfigError(
+        f"--lengths {length}: a {img_size}-px image cuts into a square number of equal patches only: "
+        f"{', '.join(map(str, fitting))} (or change --img-size)"
+    )
 
 
 def _flags(overrides: dict[str, str]) -> list[str]:
@@ -65,13 +68,16 @@ def base_settings(config: Path, extra: list[str]) -> tuple[dict, int, dict]:
     data = cli.config.data.get("init_args") or {}
     img_size = model.get("img_size") or data.get("img_size")  # the model takes the data's when it gives none
     if img_size is None:
-        raise ConfigError(f"{config}: model.init_args.img_size or data.init_args.img_size must be set for a sweep "
-                          "over sequence lengths")
+        raise ConfigError(
+            f"{config}: model.init_args.img_size or data.init_args.img_size must be set for a sweep "
+            "over sequence lengths"
+        )
     return spec, int(img_size), dict(model.get("model_kwargs") or {})
 
 
-def run_one(config: Path, extra: list[str], spec: dict, img_size: int, patch: int, kwargs: dict, steps: int,
-            root: Path) -> dict[str, float]:
+def run_one(
+    config: Path, extra: list[str], spec: dict, img_size: int, patch: int, kwargs: dict, steps: int, root: Path
+) -> dict[str, float]:
     """Train one configuration ``steps`` steps and validate it: ``{"val_top1", "val_loss", "seconds"}``."""
     overrides = {
         **QUIET,
@@ -109,9 +115,13 @@ def sweep_figure(rows: list[dict], title: str) -> Figure:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn sweep", description=(
-        "Train a config briefly for every attention scale and sequence length and plot the final validation "
-        "top-1 against the scale (log axis), a line per length; writes the PNG and a CSV beside it."))
+    p = argparse.ArgumentParser(
+        prog="polyattn sweep",
+        description=(
+            "Train a config briefly for every attention scale and sequence length and plot the final validation "
+            "top-1 against the scale (log axis), a line per length; writes the PNG and a CSV beside it."
+        ),
+    )
     p.add_argument("--config", type=Path, required=True, help="a classification config, e.g. the digits quickstart")
     p.add_argument("--scales", type=float, nargs="+", required=True, help="attention scale factors")
     p.add_argument("--lengths", type=int, nargs="+", required=True, help="sequence lengths (patches per image)")
@@ -141,18 +151,28 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
             run_spec = {**spec, "scale": scale}
             with tempfile.TemporaryDirectory(prefix="polyattn-sweep-") as root:  # the run's config.yaml only
                 result = run_one(args.config, extra, run_spec, img_size, patch, kwargs, args.steps, Path(root))
-            rows.append(dict(tokens=length, img_size=img_size, patch_size=patch, scale=scale, steps=args.steps,
-                             activation=describe(get_activation(run_spec)), **result))
-            print(f"N={length} scale={scale:g}: val top-1 {100 * result['val_top1']:.1f}% ({result['seconds']:.0f} s)",
-                  flush=True)
+            rows.append(
+                dict(
+                    tokens=length,
+                    img_size=img_size,
+                    patch_size=patch,
+                    scale=scale,
+                    steps=args.steps,
+                    activation=describe(get_activation(run_spec)),
+                    **result,
+                )
+            )
+            print(
+                f"N={length} scale={scale:g}: val top-1 {100 * result['val_top1']:.1f}% ({result['seconds']:.0f} s)",
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table = args.out.with_suffix(".csv")
     with table.open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    title = (f"{args.config.stem}: {spec['name']} attention, {args.steps} training steps per run, "
-             f"{img_size}-px images")
+    title = f"{args.config.stem}: {spec['name']} attention, {args.steps} training steps per run, {img_size}-px images"
     sweep_figure(rows, title).savefig(args.out, dpi=args.dpi)
     print(f"wrote {args.out} and {table}")
     return args.out, table

@@ -1,5 +1,7 @@
-"""DataModules (image classification, COCO detection, Long Range Arena, text for HF models); importing this package makes their short
+"""DataModules (image classification, COCO detection, Long Range Arena, text for HF models); importing this package
+makes their short
 names usable in YAML. ``coco`` imports mmdet only when its data sets are built."""
+
 from .base import CorruptImageError, DataModule, ImageList, read_rgb
 from .coco import COCODataModule
 from .digits import DigitsDataModule

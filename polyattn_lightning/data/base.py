@@ -6,6 +6,7 @@ read those after ``setup()`` (``tasks/base.py``). Loader settings (workers, pinn
 dropping the last ragged training batch for Mixup) live here, so a change to how loaders are made (samplers,
 resumable loaders) is made once.
 """
+
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ adds what mmdet leaves to its Runner or gets wrong for other data sets:
   image once under DDP;
 * with no ``root``, a synthetic set (:mod:`.synthetic_coco`) is generated on first use.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,8 +77,10 @@ def read_annotations(ann_file: Path, img_dir: Path) -> list[dict]:
     images = {image["id"]: image["file_name"] for image in coco["images"]}
     for ann in coco["annotations"]:
         if ann["image_id"] not in images:
-            raise COCODataError(f"{ann_file}: annotation {ann['id']} refers to image id {ann['image_id']}, "
-                                "which is not in the file's images")
+            raise COCODataError(
+                f"{ann_file}: annotation {ann['id']} refers to image id {ann['image_id']}, "
+                "which is not in the file's images"
+            )
         if ann["category_id"] not in categories:
             raise COCODataError(
                 f"{ann_file}: annotation {ann['id']} of image id {ann['image_id']} has category id "
@@ -87,8 +90,10 @@ def read_annotations(ann_file: Path, img_dir: Path) -> list[dict]:
     absent = [(image_id, name) for image_id, name in images.items() if name not in on_disk]
     if absent:
         listed = ", ".join(f"id {i}: {name}" for i, name in absent[:5])
-        raise COCODataError(f"{ann_file} lists {len(absent)} image(s) missing from {img_dir} ({listed}"
-                            + (", ...)" if len(absent) > 5 else ")"))
+        raise COCODataError(
+            f"{ann_file} lists {len(absent)} image(s) missing from {img_dir} ({listed}"
+            + (", ...)" if len(absent) > 5 else ")")
+        )
     return coco["categories"]
 
 
@@ -103,8 +108,10 @@ def check_classes(configured: list[str] | None, in_file: list[str], ann_file: Pa
         difference = f"configured but not in the file: {not_in_file}; in the file but not configured: {not_configured}"
     else:
         difference = f"same names in another order; the file's order is {in_file}"
-    raise COCODataError(f"data classes do not match the categories of {ann_file}: {difference}. "
-                        "Leave classes unset to use the file's categories.")
+    raise COCODataError(
+        f"data classes do not match the categories of {ann_file}: {difference}. "
+        "Leave classes unset to use the file's categories."
+    )
 
 
 class ImageLoadError(DataError):
@@ -120,8 +127,9 @@ def _checked_dataset_class(base: type) -> type:
                 return super().prepare_data(idx)
             except Exception as err:
                 info = self.get_data_info(idx)
-                raise ImageLoadError(f"{self.ann_file}: image id {info['img_id']} ({info['img_path']}): "
-                                     f"{type(err).__name__}: {err}") from err
+                raise ImageLoadError(
+                    f"{self.ann_file}: image id {info['img_id']} ({info['img_path']}): {type(err).__name__}: {err}"
+                ) from err
 
     return CheckedCocoDataset
 
@@ -206,8 +214,10 @@ class COCODataModule(DataModule):
         if self.root is not None:
             return Path(self.root)
         if self.synthetic is None:
-            raise ConfigError("COCODataModule needs --data.init_args.root (a folder laid out as:\n"
-                             f"{LAYOUT}\n), or synthetic settings to generate a synthetic set")
+            raise ConfigError(
+                "COCODataModule needs --data.init_args.root (a folder laid out as:\n"
+                f"{LAYOUT}\n), or synthetic settings to generate a synthetic set"
+            )
         return Path(self.synthetic_root).expanduser() if self.synthetic_root else default_root()
 
     def split_paths(self, split: str) -> tuple[Path, Path]:
@@ -246,8 +256,9 @@ class COCODataModule(DataModule):
             categories = read_annotations(ann_file, img_dir)
             classes = check_classes(self.given_classes, [cat["name"] for cat in categories], ann_file)
             if self.classes is not None and classes != self.classes:
-                raise COCODataError(f"the categories of {ann_file} ({classes}) differ from those of the other "
-                                    f"split ({self.classes})")
+                raise COCODataError(
+                    f"the categories of {ann_file} ({classes}) differ from those of the other split ({self.classes})"
+                )
             self.classes, self.category_ids = classes, [cat["id"] for cat in categories]
         if self.check_images:
             require_readable(self.image_files(splits))
@@ -284,22 +295,36 @@ class COCODataModule(DataModule):
             )
         logging.getLogger(__name__).debug(chatter.getvalue())
         if len(dataset) == 0:
-            raise COCODataError(f"{ann_file}: no image left for {'training' if train else 'evaluation'} "
-                                f"(training keeps images with annotations and a side of at least {self.min_size} px)")
+            raise COCODataError(
+                f"{ann_file}: no image left for {'training' if train else 'evaluation'} "
+                f"(training keeps images with annotations and a side of at least {self.min_size} px)"
+            )
         return dataset
 
     def _train_pipeline(self) -> list[dict]:
-        resize = {"type": "RandomChoiceResize", "scales": [(s, self.max_side) for s in self.train_sizes],
-                  "keep_ratio": True}
+        resize = {
+            "type": "RandomChoiceResize",
+            "scales": [(s, self.max_side) for s in self.train_sizes],
+            "keep_ratio": True,
+        }
         branches = [[resize]]
         if self.crop_sizes:
-            branches.append([
-                {"type": "RandomChoiceResize", "scales": [(s, self.max_side) for s in self.crop_sizes],
-                 "keep_ratio": True},
-                {"type": "RandomCrop", "crop_type": "absolute_range", "crop_size": self.crop_size,
-                 "allow_negative_crop": True},
-                resize,
-            ])
+            branches.append(
+                [
+                    {
+                        "type": "RandomChoiceResize",
+                        "scales": [(s, self.max_side) for s in self.crop_sizes],
+                        "keep_ratio": True,
+                    },
+                    {
+                        "type": "RandomCrop",
+                        "crop_type": "absolute_range",
+                        "crop_size": self.crop_size,
+                        "allow_negative_crop": True,
+                    },
+                    resize,
+                ]
+            )
         return [
             {"type": "LoadImageFromFile"},
             {"type": "LoadAnnotations", "with_bbox": True, "with_mask": True},

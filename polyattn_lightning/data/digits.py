@@ -1,4 +1,5 @@
 """scikit-learn's bundled 8x8 digits: a real data set that needs no download."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Data sets this project generates on first use (LRA ListOps, the synthetic COCO shapes): where they are
 cached, and how a folder is written so that no reader ever sees half of one."""
+
 from __future__ import annotations
 
 import contextlib

@@ -7,6 +7,7 @@
   sums that follow) for a causal LM, with a byte-level BPE tokenizer trained on the training split with
   ``tokenizers`` and saved as a transformers tokenizer folder.
 """
+
 from __future__ import annotations
 
 import csv
@@ -16,8 +17,20 @@ from pathlib import Path
 from .generated import cache_root, staged_dir
 from .text import CausalLMText, TextClassificationData
 
-SUBJECTS = ("the movie", "this film", "the plot", "the acting", "the soundtrack", "the ending", "the cast",
-            "the story", "the dialogue", "the camera work", "the script", "the sequel")
+SUBJECTS = (
+    "the movie",
+    "this film",
+    "the plot",
+    "the acting",
+    "the soundtrack",
+    "the ending",
+    "the cast",
+    "the story",
+    "the dialogue",
+    "the camera work",
+    "the script",
+    "the sequel",
+)
 VERBS = ("was", "is", "seemed", "felt", "looked", "sounded")
 ADVERBS = ("", "", "really", "quite", "truly", "very", "rather")
 OPENERS = ("", "", "honestly ,", "i think", "to be fair ,", "overall ,", "in my view", "sadly ,", "frankly ,")
@@ -30,7 +43,11 @@ def negated_review(rng: random.Random) -> tuple[str, str]:
     """One review and its label; the adjective's polarity and the negation are drawn independently."""
     positive, negated = rng.random() < 0.5, rng.random() < 0.5
     words = [rng.choice(OPENERS), rng.choice(SUBJECTS), rng.choice(VERBS)]
-    words += [rng.choice(NEGATIONS) if negated else "", rng.choice(ADVERBS), rng.choice(POSITIVE if positive else NEGATIVE)]
+    words += [
+        rng.choice(NEGATIONS) if negated else "",
+        rng.choice(ADVERBS),
+        rng.choice(POSITIVE if positive else NEGATIVE),
+    ]
     return " ".join(w for w in words if w), "positive" if positive != negated else "negative"
 
 
@@ -55,12 +72,27 @@ def _write_splits(root: Path, sizes: dict[str, int], seed: int, make) -> None:
 class NegatedSentimentData(TextClassificationData):
     """The classification quickstart's set (written under ``root`` on first use); see the module docstring."""
 
-    def __init__(self, tokenizer: str | None = None, root: str | None = None, train_size: int = 800,
-                 val_size: int = 200, test_size: int = 200, seed: int = 0, max_length: int = 32,
-                 batch_size: int = 16, num_workers: int = 0, pin_memory: bool = False):
+    def __init__(
+        self,
+        tokenizer: str | None = None,
+        root: str | None = None,
+        train_size: int = 800,
+        val_size: int = 200,
+        test_size: int = 200,
+        seed: int = 0,
+        max_length: int = 32,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
         """``root``: where the CSV files go (default: the cache, one folder per size and seed)."""
-        super().__init__(tokenizer=tokenizer, max_length=max_length, batch_size=batch_size,
-                         num_workers=num_workers, pin_memory=pin_memory)
+        super().__init__(
+            tokenizer=tokenizer,
+            max_length=max_length,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+        )
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.seed = seed
         tag = f"seed{seed}-{train_size}-{val_size}-{test_size}"
@@ -90,24 +122,37 @@ def story(rng: random.Random) -> tuple[str]:
     thing, place = rng.choice(THINGS), rng.choice(PLACES)
     x, y = rng.randint(1, 9), rng.randint(1, 9)
     if rng.random() < 0.5:
-        text = (f"{a} went to {place} with {x} {thing} . {b} gave {a} {y} more {thing} . "
-                f"now {a} has {x + y} {thing} .")
+        text = f"{a} went to {place} with {x} {thing} . {b} gave {a} {y} more {thing} . now {a} has {x + y} {thing} ."
     else:
-        text = (f"{a} has {x} {thing} and {b} has {y} {thing} . together {a} and {b} have {x + y} {thing} "
-                f"at {place} .")
+        text = f"{a} has {x} {thing} and {b} has {y} {thing} . together {a} and {b} have {x + y} {thing} at {place} ."
     return (text,)
 
 
 class GeneratedStoriesData(CausalLMText):
     """The causal-LM quickstart's text and tokenizer (written under ``root`` on first use)."""
 
-    def __init__(self, root: str | None = None, train_size: int = 3000, val_size: int = 300, test_size: int = 300,
-                 seed: int = 0, vocab: int = 384, block_size: int = 64, batch_size: int = 16, num_workers: int = 0,
-                 pin_memory: bool = False):
+    def __init__(
+        self,
+        root: str | None = None,
+        train_size: int = 3000,
+        val_size: int = 300,
+        test_size: int = 300,
+        seed: int = 0,
+        vocab: int = 384,
+        block_size: int = 64,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
         """``vocab``: the size of the byte-level BPE vocabulary trained on the training split."""
         self.root = Path(root) if root else cache_root("generated_stories", f"seed{seed}-{train_size}-v{vocab}")
-        super().__init__(tokenizer=str(self.root / "tokenizer"), block_size=block_size, batch_size=batch_size,
-                         num_workers=num_workers, pin_memory=pin_memory)
+        super().__init__(
+            tokenizer=str(self.root / "tokenizer"),
+            block_size=block_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+        )
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.seed, self.vocab = seed, vocab
 
@@ -129,8 +174,9 @@ def train_tokenizer(texts: list[str], vocab: int):
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=vocab, min_frequency=2, special_tokens=["<pad>", "<eos>"],
-                            show_progress=False)
+    bpe.train_from_iterator(
+        texts, vocab_size=vocab, min_frequency=2, special_tokens=["<pad>", "<eos>"], show_progress=False
+    )
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>")
 
 

@@ -4,6 +4,7 @@
 files a DataModule's ``image_files()`` names, so a data set with a few bad files among a million costs one
 check, not one crashed run per file.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor

@@ -1,4 +1,5 @@
 """ImageNet-1k style ``train/<class>/*`` and ``val/<class>/*`` folders."""
+
 from __future__ import annotations
 
 from pathlib import Path

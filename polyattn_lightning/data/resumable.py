@@ -25,6 +25,7 @@ the repeats count in the metrics. :func:`eval_sampler` splits the set across
 ranks without repeats (Lightning's own ``UnrepeatedDistributedSampler``);
 :func:`eval_loader` uses it and gives the loader a generator of its own.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +38,15 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    get_worker_info,
+)
 
 
 class EpochShuffleSampler(RandomSampler):
@@ -221,4 +230,6 @@ def eval_sampler(dataset: Dataset, trainer: pl.Trainer | None) -> Sampler | None
     """Under DDP, this rank's share of ``dataset`` with no sample repeated; None (Lightning's default) otherwise."""
     if trainer is None or trainer.world_size == 1:
         return None
-    return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False)
+    return UnrepeatedDistributedSampler(
+        dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+    )

@@ -5,6 +5,7 @@ polygon masks: enough structure for a detector to learn in minutes on a CPU,
 in the very format (JSON + JPEG files) that :class:`~polyattn_lightning.data.coco.COCODataModule`
 reads for real COCO, so the quickstart and the tests exercise the real loading path.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,15 +53,21 @@ class SyntheticCOCO:
         if unknown or not self.classes:
             raise ConfigError(f"synthetic COCO classes must be a non-empty subset of {SHAPES}, got {self.classes}")
         if not 0 < self.min_size <= self.max_size < 1:
-            raise ConfigError(f"synthetic COCO needs 0 < min_size <= max_size < 1, got {self.min_size}, {self.max_size}")
+            raise ConfigError(
+                f"synthetic COCO needs 0 < min_size <= max_size < 1, got {self.min_size}, {self.max_size}"
+            )
 
 
 def _background(rng: np.random.Generator, size: int) -> Image.Image:
     """A smooth colour gradient plus stripes or a checkerboard and noise: texture, never a flat colour."""
     y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
     corner = rng.uniform(40, 215, (2, 2, 3))
-    base = (corner[0, 0] * ((1 - x) * (1 - y))[..., None] + corner[0, 1] * (x * (1 - y))[..., None]
-            + corner[1, 0] * ((1 - x) * y)[..., None] + corner[1, 1] * (x * y)[..., None])
+    base = (
+        corner[0, 0] * ((1 - x) * (1 - y))[..., None]
+        + corner[0, 1] * (x * (1 - y))[..., None]
+        + corner[1, 0] * ((1 - x) * y)[..., None]
+        + corner[1, 1] * (x * y)[..., None]
+    )
     period = rng.uniform(0.05, 0.2)
     if rng.random() < 0.5:
         angle = rng.uniform(0, math.pi)
@@ -151,13 +158,18 @@ def write_synthetic_coco(root: str | Path, config: SyntheticCOCO = SyntheticCOCO
                 image, objects = _image(rng, config)
                 file_name = f"{image_id:012d}.jpg"
                 image.save(staging / split / file_name, format="JPEG", quality=92)
-                images.append({"id": image_id, "file_name": file_name, "height": config.image_size,
-                               "width": config.image_size})
+                images.append(
+                    {"id": image_id, "file_name": file_name, "height": config.image_size, "width": config.image_size}
+                )
                 for obj in objects:
                     ann_id += 1
                     annotations.append(_annotation(obj, ann_id, image_id, config.image_size))
-            coco = {"info": {"description": "polyattn_lightning synthetic shapes", **_settings(config)},
-                    "images": images, "annotations": annotations, "categories": categories}
+            coco = {
+                "info": {"description": "polyattn_lightning synthetic shapes", **_settings(config)},
+                "images": images,
+                "annotations": annotations,
+                "categories": categories,
+            }
             (staging / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
         (staging / MARKER).write_text(json.dumps(_settings(config), indent=1))
     return root

@@ -11,6 +11,7 @@ tokenised with the model's own tokenizer (a folder, see :mod:`~polyattn_lightnin
   stream, cut into blocks of ``block_size`` tokens (the last, shorter, block is dropped); ``vocab_size``
   is the tokenizer's size.
 """
+
 from __future__ import annotations
 
 import csv
@@ -80,7 +81,9 @@ def _jsonl_rows(path: Path) -> list[tuple[str, str | None, str, int]]:
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{line}: not a JSON object ({err.msg})") from None
             if not isinstance(record, dict):
-                raise DataError(f"{path}:{line}: expected a JSON object with text and label, got {type(record).__name__}")
+                raise DataError(
+                    f"{path}:{line}: expected a JSON object with text and label, got {type(record).__name__}"
+                )
             rows.append(_row(path, line, record))
     return rows
 
@@ -114,8 +117,16 @@ class TextData(DataModule):
 
     drop_last_train = False
 
-    def __init__(self, train: str | None, val: str | None, tokenizer: str | None, test: str | None,
-                 batch_size: int, num_workers: int, pin_memory: bool):
+    def __init__(
+        self,
+        train: str | None,
+        val: str | None,
+        tokenizer: str | None,
+        test: str | None,
+        batch_size: int,
+        num_workers: int,
+        pin_memory: bool,
+    ):
         super().__init__(batch_size, num_workers, pin_memory)
         self.train, self.val, self.test, self.tokenizer_path = train, val, test, tokenizer
 
@@ -182,8 +193,11 @@ class TextClassificationData(TextData):
             encoded[split], cut = self._encode(files[split], split_rows, index)
             truncated += cut
         if truncated:
-            warnings.warn(f"{truncated} rows longer than data.max_length={self.max_length} tokens were truncated "
-                          "(data.too_long: error refuses them)", stacklevel=3)
+            warnings.warn(
+                f"{truncated} rows longer than data.max_length={self.max_length} tokens were truncated "
+                "(data.too_long: error refuses them)",
+                stacklevel=3,
+            )
         from transformers import DataCollatorWithPadding
 
         self.collate_fn = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
@@ -199,8 +213,10 @@ class TextClassificationData(TextData):
         long = [(row[3], len(ids)) for row, ids in zip(rows, full) if len(ids) > self.max_length]
         if long and self.too_long == "error":
             line, length = long[0]
-            raise DataError(f"{path}:{line}: {length} tokens, more than data.max_length={self.max_length} "
-                            f"({len(long)} such rows; too_long: truncate cuts them)")
+            raise DataError(
+                f"{path}:{line}: {length} tokens, more than data.max_length={self.max_length} "
+                f"({len(long)} such rows; too_long: truncate cuts them)"
+            )
         enc = self.tokenizer(texts, pairs if has_pairs else None, truncation=True, max_length=self.max_length)
         items = []
         for i, (*_, label, line) in enumerate(rows):

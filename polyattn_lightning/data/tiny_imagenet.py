@@ -1,4 +1,5 @@
 """Tiny-ImageNet (200 classes, 64x64) in the layout its zip file unpacks to."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Image transforms: timm's ``create_transform`` with the DeiT augmentation recipe."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ and :mod:`.backbones`; mmengine's default scope becomes ``mmdet``). It works whe
 or ``mmcv.ops`` was imported (or failed to import) before. Build models with
 ``mmdet.registry.MODELS.build(cfg)``.
 """
+
 from .mmcv_ops import MMCVOpUnavailable, install
 
 install()

@@ -1,5 +1,6 @@
 """mmdet model configs as YAML: a mapping, or a file holding one, over a ``_base_`` it names (mmdet's
 ``_base_`` convention, for this project's YAML configs), and the RoI heads' class counts."""
+
 from __future__ import annotations
 
 import copy
@@ -66,9 +67,17 @@ CLASS_HEADS = ("bbox_head", "mask_head")
 def heads_num_classes(config: Mapping[str, Any]) -> int | None:
     """The ``num_classes`` the detector config's RoI heads state (None if none does); they must agree."""
     roi_head = config.get("roi_head")
-    stated = {f"roi_head.{key}.num_classes": roi_head[key]["num_classes"] for key in CLASS_HEADS
-              if isinstance(roi_head, Mapping) and isinstance(roi_head.get(key), Mapping)
-              and "num_classes" in roi_head[key]} if isinstance(roi_head, Mapping) else {}
+    stated = (
+        {
+            f"roi_head.{key}.num_classes": roi_head[key]["num_classes"]
+            for key in CLASS_HEADS
+            if isinstance(roi_head, Mapping)
+            and isinstance(roi_head.get(key), Mapping)
+            and "num_classes" in roi_head[key]
+        }
+        if isinstance(roi_head, Mapping)
+        else {}
+    )
     if len(set(stated.values())) > 1:
         raise ConfigError(f"the detector config's heads disagree on the class count: {stated}")
     return next(iter(stated.values()), None)
@@ -77,7 +86,11 @@ def heads_num_classes(config: Mapping[str, Any]) -> int | None:
 def with_num_classes(config: dict, num_classes: int) -> dict:
     """``config`` with every RoI head's ``num_classes`` set (Mask R-CNN: the box and the mask head)."""
     roi_head = config.get("roi_head")
-    heads = [roi_head[key] for key in CLASS_HEADS if isinstance(roi_head.get(key), dict)] if isinstance(roi_head, dict) else []
+    heads = (
+        [roi_head[key] for key in CLASS_HEADS if isinstance(roi_head.get(key), dict)]
+        if isinstance(roi_head, dict)
+        else []
+    )
     if not heads:
         raise ConfigError("the detector config has no roi_head.bbox_head or mask_head to set num_classes on")
     for head in heads:

@@ -10,6 +10,7 @@ run unchanged on CPU and CUDA. Every other name resolves to a function that rais
 
 A compiled mmcv that imports takes precedence: :func:`install` then changes nothing.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -65,7 +66,12 @@ def roi_align_forward(
         raise _unavailable("roi_align_forward", " with pool_mode='max'")
     x = _kernel_dtype(input)
     out = torch.ops.torchvision.roi_align(
-        x, rois.to(x.dtype), float(spatial_scale), int(aligned_height), int(aligned_width), int(sampling_ratio),
+        x,
+        rois.to(x.dtype),
+        float(spatial_scale),
+        int(aligned_height),
+        int(aligned_width),
+        int(sampling_ratio),
         bool(aligned),
     )
     output.copy_(out)
@@ -90,8 +96,17 @@ def roi_align_backward(
     g = _kernel_dtype(grad_output)
     batch, channels, height, width = grad_input.shape
     grad = torch.ops.torchvision._roi_align_backward(
-        g, rois.to(g.dtype), float(spatial_scale), int(aligned_height), int(aligned_width),
-        batch, channels, height, width, int(sampling_ratio), bool(aligned),
+        g,
+        rois.to(g.dtype),
+        float(spatial_scale),
+        int(aligned_height),
+        int(aligned_width),
+        batch,
+        channels,
+        height,
+        width,
+        int(sampling_ratio),
+        bool(aligned),
     )
     grad_input.copy_(grad)
 
@@ -183,5 +198,11 @@ def install() -> bool:
 
 
 __all__ = [
-    "MMCVOpUnavailable", "PROVIDED", "TorchvisionExt", "install", "nms", "roi_align_backward", "roi_align_forward",
+    "MMCVOpUnavailable",
+    "PROVIDED",
+    "TorchvisionExt",
+    "install",
+    "nms",
+    "roi_align_backward",
+    "roi_align_forward",
 ]

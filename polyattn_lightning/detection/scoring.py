@@ -2,6 +2,7 @@
 
 Imported through :mod:`polyattn_lightning.detection`, so mmcv's ops and mmdet's registries are in place.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,8 @@ from ..distributed import gather_objects
 
 #: CocoMetric's summary numbers, logged as ``val/<iou type>_<item>`` (e.g. ``val/bbox_mAP_50``).
 METRIC_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
-#: The run folder's file that keeps pycocotools' full tables of every evaluation (the console gets one line per IoU type).
+#: The run folder's file that keeps pycocotools' full tables of every evaluation (the console gets one line per IoU
+#: type).
 COCO_REPORT = "coco_eval.txt"
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,9 @@ def coco_scores(metric, results: list[dict]) -> dict[str, float]:
     """
     metric.img_ids = [result["img_id"] for result in results]
     scores = metric.compute_metrics([({}, result) for result in results]) if results else {}
-    return {f"{kind}_{item}": float(scores.get(f"{kind}_{item}", 0.0)) for kind in metric.metrics for item in METRIC_ITEMS}
+    return {
+        f"{kind}_{item}": float(scores.get(f"{kind}_{item}", 0.0)) for kind in metric.metrics for item in METRIC_ITEMS
+    }
 
 
 def report(metric, where: str, scores: dict[str, float], tables: str, log_dir: str | None) -> None:
@@ -91,7 +95,9 @@ def report(metric, where: str, scores: dict[str, float], tables: str, log_dir: s
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
     for kind in metric.metrics:
-        rank_zero_info(f"{where} {kind}: " + ", ".join(f"{item} {scores[f'{kind}_{item}']:.3f}" for item in METRIC_ITEMS))
+        rank_zero_info(
+            f"{where} {kind}: " + ", ".join(f"{item} {scores[f'{kind}_{item}']:.3f}" for item in METRIC_ITEMS)
+        )
     log.debug(tables)
     if log_dir is not None and tables:
         Path(log_dir).mkdir(parents=True, exist_ok=True)

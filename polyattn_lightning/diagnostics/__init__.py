@@ -11,10 +11,23 @@
 Everything here reads models through the ``capture`` contract of
 :mod:`polyattn_lightning.attention.switch.base`, so a newly switched family needs nothing of its own.
 """
+
 from .norms import CapturedNorms, NormValues, attention_norms, captured_norms, measure_norms, metric_key
 from .probe import Layer, LayerRef, default_probe, probe_attention, probe_batch, probing, run_probe, select_layers
 
 __all__ = [
-    "CapturedNorms", "Layer", "LayerRef", "NormValues", "attention_norms", "captured_norms", "default_probe",
-    "measure_norms", "metric_key", "probe_attention", "probe_batch", "probing", "run_probe", "select_layers",
+    "CapturedNorms",
+    "Layer",
+    "LayerRef",
+    "NormValues",
+    "attention_norms",
+    "captured_norms",
+    "default_probe",
+    "measure_norms",
+    "metric_key",
+    "probe_attention",
+    "probe_batch",
+    "probing",
+    "run_probe",
+    "select_layers",
 ]

@@ -1,4 +1,5 @@
 """The attention maps drawn with matplotlib: heat maps per layer and head, and overlays on the input."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ def heatmap_figure(maps: Sequence[LayerMaps], heads: Sequence[int] | None, title
             ax.set_xlabel(f"key {axis}", fontsize=8)
             ax.set_ylabel(f"query {axis}", fontsize=8)
             ax.tick_params(labelsize=7)
-        for ax in row[m.heat.shape[0]:]:
+        for ax in row[m.heat.shape[0] :]:
             ax.axis("off")
     fig.suptitle(title, fontsize=10)
     return fig
@@ -75,8 +76,9 @@ def overlay_figure(maps: Sequence[LayerMaps], probe: Any, samples: int, title: s
         for i, ax in enumerate(row):
             ax.imshow(_display(first[i]), cmap="gray", extent=(0, width, height, 0))
             tokens = m.tokens[i].cpu()
-            heat = ax.imshow(tokens.numpy(), alpha=0.6, extent=(0, width, height, 0), interpolation="nearest",
-                             **_colours(tokens))
+            heat = ax.imshow(
+                tokens.numpy(), alpha=0.6, extent=(0, width, height, 0), interpolation="nearest", **_colours(tokens)
+            )
             bar = fig.colorbar(heat, ax=ax, shrink=0.85)
             bar.solids.set_alpha(1.0)
             bar.ax.tick_params(labelsize=7)

@@ -9,6 +9,7 @@ and the cyclic shift undone; a detection backbone); for token sequences (LRA) a 
 attention over channels (``map_layout = "channels"``). The layout is read from shapes: ``Nk`` keys are a few
 prefix tokens plus a grid of the image's aspect ratio. ``figures.py`` draws them.
 """
+
 from __future__ import annotations
 
 import math
@@ -135,8 +136,14 @@ def collect_maps(
             received.append(mean.mean(1))
         tokens, what = token_map(pl_module, layer, torch.cat(first_rows), torch.cat(received), queries, first)
         result.append(
-            LayerMaps(layer, describe(layer.module.activation), heat / count, tokens, what,
-                      layer.module.map_layout == "channels")
+            LayerMaps(
+                layer,
+                describe(layer.module.activation),
+                heat / count,
+                tokens,
+                what,
+                layer.module.map_layout == "channels",
+            )
         )
     return result
 

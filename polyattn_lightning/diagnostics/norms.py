@@ -18,6 +18,7 @@ masked pairs contributing nothing, and averaged over the batch.
 :func:`~polyattn_lightning.diagnostics.probe.probe_attention`) to three per-head norms, and
 :func:`measure_norms` runs one probe forward and returns them by metric key.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -6,6 +6,7 @@ What every diagnostic shares (the norm and map callbacks, ``polyattn maps``, the
 mode, every ``training`` flag and RNG state put back) and what each layer attended (:func:`probe_attention`,
 through the ``capture`` contract of :mod:`polyattn_lightning.attention.switch.base`).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -64,7 +65,8 @@ def select_layers(model: nn.Module, layers: Sequence[LayerRef] | None = None) ->
 
 
 def probe_attention(layers: Sequence[Layer], run: Callable[[], object]) -> dict[int, list[AttentionInputs]]:
-    """Call ``run()`` (a forward of the model ``layers`` are in) with ``capture`` set on ``layers``; returns each layer's
+    """Call ``run()`` (a forward of the model ``layers`` are in) with ``capture`` set on ``layers``; returns each
+    layer's
     captured inputs by layer index, detached, one entry per call of that layer (two-tower models call twice).
 
     The hooks that were set before are put back, also when ``run`` raises.
@@ -119,8 +121,11 @@ def default_probe(pl_module: nn.Module, batch: Any, size: int) -> Any:
     none of these overrides that hook (a tuple it returns is passed as positional arguments).
     """
     if isinstance(batch, Mapping):
-        names = [p.name for p in inspect.signature(pl_module.forward).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [
+            p.name
+            for p in inspect.signature(pl_module.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         if names and all(isinstance(batch.get(name), Tensor) for name in names):
             return tuple(batch[name][:size].detach().clone() for name in names)
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -15,6 +15,7 @@ the window, checked on a finer grid), the relative ``m``-th finite difference
 rounding) exactly when ``f`` is a polynomial of degree below ``m`` there.
 The degree is the smallest ``m - 1`` whose differences are all below ``tol``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,8 +48,10 @@ def _check_polynomial_parts(module: nn.Module) -> None:
         if isinstance(part, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or (
             name.split(".")[-1] in ("q_norm", "k_norm", "norm") and not isinstance(part, nn.Identity)
         ):
-            raise ValueError(f"{type(module).__name__}.{name} is a {type(part).__name__}: normalisation is not "
-                             "polynomial, so the spline check needs an attention module without it")
+            raise ValueError(
+                f"{type(module).__name__}.{name} is a {type(part).__name__}: normalisation is not "
+                "polynomial, so the spline check needs an attention module without it"
+            )
 
 
 def _difference(values: Tensor, order: int) -> float:

@@ -1,4 +1,5 @@
 """Models this project defines itself (where timm or mmdet has none to switch)."""
+
 from .lra_encoder import LRAAttention, LRAClassifier, LRAEncoder
 from .xcit_detection import XCiTBackbone
 

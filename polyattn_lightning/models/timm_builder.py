@@ -1,4 +1,5 @@
 """Building timm models offline, with a clear error for a bad name or a missing weight file."""
+
 from __future__ import annotations
 
 import difflib
@@ -68,12 +69,16 @@ def weight_shapes(file: Path) -> Shapes:
             if inner is None:
                 break
             state = inner  # the wrappers timm's load_state_dict also looks into
-        return {name: tuple(v.shape) for name, v in (state.items() if isinstance(state, dict) else ()) if torch.is_tensor(v)}
+        return {
+            name: tuple(v.shape) for name, v in (state.items() if isinstance(state, dict) else ()) if torch.is_tensor(v)
+        }
     try:
         with safe_open(str(file), framework="pt") as weights:  # checks the header and that the byte ranges fit
             return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
     except Exception as err:
-        raise CheckpointLoadError(f"pretrained weights {file} are truncated or corrupt ({describe_error(err)})") from err
+        raise CheckpointLoadError(
+            f"pretrained weights {file} are truncated or corrupt ({describe_error(err)})"
+        ) from err
 
 
 def loading_report(file: Path, source: Shapes, model: nn.Module) -> str:
@@ -98,7 +103,9 @@ def loading_report(file: Path, source: Shapes, model: nn.Module) -> str:
         lines.append(f"  resampled: {name} {list(source[name])} -> {list(target[name])}")
     if unused:
         more = f" ... ({len(unused) - 5} more)" if len(unused) > 5 else ""
-        lines.append(f"  not used (renamed by timm's checkpoint filter or not in the model): {', '.join(unused[:5])}{more}")
+        lines.append(
+            f"  not used (renamed by timm's checkpoint filter or not in the model): {', '.join(unused[:5])}{more}"
+        )
     return "\n".join(lines)
 
 
@@ -145,7 +152,9 @@ def create_timm_model(
     try:
         model = timm.create_model(model_name, num_classes=num_classes, drop_path_rate=drop_path_rate, **model_kwargs)
     except (TypeError, ValueError, AssertionError, KeyError) as err:  # an argument the class does not take or accept
-        raise ConfigError(f"timm cannot build {model_name} with model_kwargs {given}: {type(err).__name__}: {err}") from err
+        raise ConfigError(
+            f"timm cannot build {model_name} with model_kwargs {given}: {type(err).__name__}: {err}"
+        ) from err
     if file is not None:
         rank_zero_info(loading_report(file, shapes, model))
     return model

@@ -18,6 +18,7 @@ converts every BatchNorm to ``SyncBatchNorm``, as the authors' code hard-codes).
 
 This module knows nothing of mmdet; :mod:`polyattn_lightning.detection.backbones` registers it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,6 +47,7 @@ XCIT_ONLY = (".attn.temperature", ".local_mp.conv1.weight")
 
 def _upsample_branches(dim: int, patch_size: int) -> list[nn.Module]:
     """The authors' resampling from the patch stride to strides 4, 8, 16, 32."""
+
     def up() -> nn.ConvTranspose2d:
         return nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2)
 
@@ -96,8 +98,12 @@ class XCiTBackbone(nn.Module):
                 raise ConfigError(f"{model_name} has {depth} blocks: give out_indices (4 block indices) for it")
             out_indices = DEFAULT_OUT_INDICES[depth]
         out_indices = tuple(int(i) for i in out_indices)
-        if len(out_indices) != 4 or list(out_indices) != sorted(set(out_indices)) or not 0 <= out_indices[0] < depth \
-                or out_indices[-1] >= depth:
+        if (
+            len(out_indices) != 4
+            or list(out_indices) != sorted(set(out_indices))
+            or not 0 <= out_indices[0] < depth
+            or out_indices[-1] >= depth
+        ):
             raise ConfigError(f"out_indices must be 4 increasing block indices below {depth}, got {list(out_indices)}")
         self.model_name = model_name
         self.out_indices = out_indices
@@ -130,7 +136,9 @@ class XCiTBackbone(nn.Module):
                 "(blocks.<i>.attn.temperature, blocks.<i>.local_mp.*)"
             )
         wrong = [
-            f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})" for k in found if state[k].shape != own[k].shape
+            f"{k} {tuple(state[k].shape)} (model: {tuple(own[k].shape)})"
+            for k in found
+            if state[k].shape != own[k].shape
         ]
         if wrong:
             raise ConfigError(f"pretrained weights {file} do not fit {self.model_name}: {'; '.join(wrong[:5])}")
@@ -140,7 +148,11 @@ class XCiTBackbone(nn.Module):
         log.info(
             "XCiT backbone: loaded %d tensors from %s; missing keys (left as initialised): %s; unexpected keys: %s; "
             "classification parts not used: %d keys; the stride 4/8/32 branches start from their initialisation",
-            len(found), file, result.missing_keys or "none", unexpected or "none", len(ignored),
+            len(found),
+            file,
+            result.missing_keys or "none",
+            unexpected or "none",
+            len(ignored),
         )
         return list(result.missing_keys), list(result.unexpected_keys)
 

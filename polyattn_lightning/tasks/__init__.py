@@ -4,6 +4,7 @@ in YAML.
 ``detection`` imports mmdet only when a DetectionModule is built, so other tasks never load it; ``hf`` imports
 transformers only when an HF model is built.
 """
+
 from .. import deprecated
 from .base import TaskModule
 from .classification import ClassificationModule, MixupRecipe, Recipe
@@ -12,8 +13,17 @@ from .hf import HFCausalLM, HFSequenceClassification
 from .lra import LRAModule
 from .optim import OptimRecipe
 
-__all__ = ["ClassificationModule", "DetectionModule", "HFCausalLM", "HFSequenceClassification", "LRAModule",
-           "MixupRecipe", "OptimRecipe", "Recipe", "TaskModule"]
+__all__ = [
+    "ClassificationModule",
+    "DetectionModule",
+    "HFCausalLM",
+    "HFSequenceClassification",
+    "LRAModule",
+    "MixupRecipe",
+    "OptimRecipe",
+    "Recipe",
+    "TaskModule",
+]
 
 
 def __getattr__(name: str):

@@ -21,6 +21,7 @@ A task family writes its model, its data and its ``training_step``; this base do
   batch), :meth:`TaskModule.save_predictions` (``lightning predict``'s files), :meth:`TaskModule.check_data` (the data
   against the model) and :meth:`TaskModule.check_init_args` (a config checked before any model is built).
 """
+
 from __future__ import annotations
 
 import os
@@ -150,11 +151,15 @@ class TaskModule(pl.LightningModule):
     def mismatch_message(self, name: str, value: Any, data_name: str, data_value: Any) -> str:
         """Why a value given for ``name`` cannot be used with this data, and what to do."""
         if self.hparams_checkpoint:
-            return (f"checkpoint {self.hparams_checkpoint} has {name}={value} (its saved hyperparameters replace the "
-                    f"config's model.init_args.{name}) but {data_name} has {name}={data_value}; use it on data like "
-                    "the data it was trained on, or fine-tune from it with --model.pretrained instead of --ckpt_path")
-        return (f"model.init_args.{name} is {value} but {data_name} has {name}={data_value}; leave "
-                f"model.init_args.{name} out (the data's value is used) or set it to {data_value}")
+            return (
+                f"checkpoint {self.hparams_checkpoint} has {name}={value} (its saved hyperparameters replace the "
+                f"config's model.init_args.{name}) but {data_name} has {name}={data_value}; use it on data like "
+                "the data it was trained on, or fine-tune from it with --model.pretrained instead of --ckpt_path"
+            )
+        return (
+            f"model.init_args.{name} is {value} but {data_name} has {name}={data_value}; leave "
+            f"model.init_args.{name} out (the data's value is used) or set it to {data_value}"
+        )
 
     @classmethod
     def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
@@ -222,8 +227,10 @@ class TaskModule(pl.LightningModule):
         best = next((cb for cb in keeping if cb.best_model_path), None)
         if best is not None:
             score = best.best_model_score
-            rank_zero_info(f"testing the best checkpoint by {best.monitor}: {best.best_model_path}"
-                           + (f" ({best.monitor} {float(score):.4f})" if score is not None else ""))
+            rank_zero_info(
+                f"testing the best checkpoint by {best.monitor}: {best.best_model_path}"
+                + (f" ({best.monitor} {float(score):.4f})" if score is not None else "")
+            )
             trainer.test(self, datamodule=trainer.datamodule, ckpt_path=best.best_model_path)
         else:
             # an explicit file, never None: under SLURM Lightning resolves None to the newest requeue ("hpc") checkpoint

@@ -1,4 +1,5 @@
 """Image classification with a timm model whose attention comes from the registry."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def check_model_kwargs(model_kwargs: Mapping[str, Any] | None) -> None:
     """One place per setting: ``model_kwargs`` restates none of :data:`OWN_TIMM_ARGS`."""
     for key in OWN_TIMM_ARGS:
         if key in (model_kwargs or {}):
-            raise ConfigError(f"model.init_args.model_kwargs.{key}: {key} is an argument of ClassificationModule itself; "
-                              f"give it once, as model.init_args.{key}")
+            raise ConfigError(
+                f"model.init_args.model_kwargs.{key}: {key} is an argument of ClassificationModule itself; "
+                f"give it once, as model.init_args.{key}"
+            )
 
 
 def from_recipe(hparams: dict[str, Any]) -> None:
@@ -75,15 +78,20 @@ def from_recipe(hparams: dict[str, Any]) -> None:
     recipe = hparams.pop("recipe", None)
     if recipe is None:
         return
-    rank_zero_warn("model.init_args.recipe is deprecated: its optim, mixup and drop_path_rate are now "
-                   "model.init_args.optim, .mixup and .drop_path_rate (mapped onto them)", category=FutureWarning)
+    rank_zero_warn(
+        "model.init_args.recipe is deprecated: its optim, mixup and drop_path_rate are now "
+        "model.init_args.optim, .mixup and .drop_path_rate (mapped onto them)",
+        category=FutureWarning,
+    )
     recipe = asdict(recipe) if isinstance(recipe, Recipe) else dict(recipe)
     for item in fields(Recipe):
         default = item.default_factory() if item.default is MISSING else item.default
         value, given = plain(recipe.get(item.name, default), default), plain(hparams.get(item.name, default), default)
         if given != plain(default, default) and given != value:
-            raise ConfigError(f"model.init_args.{item.name} is given twice, as {given} and as recipe.{item.name} "
-                              f"{value}; give it once, as model.init_args.{item.name}")
+            raise ConfigError(
+                f"model.init_args.{item.name} is given twice, as {given} and as recipe.{item.name} "
+                f"{value}; give it once, as model.init_args.{item.name}"
+            )
         hparams[item.name] = value
 
 
@@ -161,14 +169,21 @@ class ClassificationModule(TaskModule):
         self.train_loss = (
             SoftTargetCrossEntropy() if mix.enabled else nn.CrossEntropyLoss(label_smoothing=mix.label_smoothing)
         )
-        self.set_metrics(MetricCollection({
-            "top1": MulticlassAccuracy(hp.num_classes, top_k=1, average="micro"),
-            "top5": MulticlassAccuracy(hp.num_classes, top_k=min(5, hp.num_classes), average="micro"),
-        }))
+        self.set_metrics(
+            MetricCollection(
+                {
+                    "top1": MulticlassAccuracy(hp.num_classes, top_k=1, average="micro"),
+                    "top5": MulticlassAccuracy(hp.num_classes, top_k=min(5, hp.num_classes), average="micro"),
+                }
+            )
+        )
 
     def attention_options(self) -> dict[str, Any]:
         # the probe forward runs at the configured image size
-        return {"strict": self.hparams.get("attention_strict", True), "probe": image_probe(self.model, self.hparams.img_size)}
+        return {
+            "strict": self.hparams.get("attention_strict", True),
+            "probe": image_probe(self.model, self.hparams.img_size),
+        }
 
     @property
     def num_classes(self) -> int | None:

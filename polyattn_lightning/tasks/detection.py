@@ -7,6 +7,7 @@ through the detector's data preprocessor and ``mode='loss'`` for training and
 whole validation set (gathered from every DDP rank; ``detection/scoring.py``). The mmdet glue is imported
 when a detector is built, so the other tasks never import mmdet.
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,18 +74,24 @@ class DetectionModule(TaskModule):
         self.hparams.detector = copy.deepcopy(config)  # checkpoints hold the config itself (weights_only-loadable)
         backbone = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
         if "pretrained" in backbone:
-            raise ConfigError("detector.backbone.pretrained: give the backbone weights as model.init_args.pretrained "
-                              "(one place, which --ckpt_path knows to skip)")
+            raise ConfigError(
+                "detector.backbone.pretrained: give the backbone weights as model.init_args.pretrained "
+                "(one place, which --ckpt_path knows to skip)"
+            )
         backbone_attention = backbone.pop("attention", None)  # switched once, by the base, to the one spec
         if attention is not None and backbone_attention is not None:
-            raise ConfigError(f"the backbone attention is given twice: model.init_args.attention {attention!r} and "
-                              f"detector.backbone.attention {backbone_attention!r}; give it in one place")
+            raise ConfigError(
+                f"the backbone attention is given twice: model.init_args.attention {attention!r} and "
+                f"detector.backbone.attention {backbone_attention!r}; give it in one place"
+            )
         self._attention = attention if attention is not None else backbone_attention or "softmax"
         stated = _detection()[0].heads_num_classes(config)
         if num_classes is not None and stated is not None and num_classes != stated:
-            raise ConfigError(f"the class count is given twice: model.init_args.num_classes {num_classes} and the "
-                              f"detector config's heads num_classes {stated}; give it in one place (or leave both out: "
-                              "the data's count is used)")
+            raise ConfigError(
+                f"the class count is given twice: model.init_args.num_classes {num_classes} and the "
+                f"detector config's heads num_classes {stated}; give it in one place (or leave both out: "
+                "the data's count is used)"
+            )
         self.hparams.num_classes = num_classes if num_classes is not None else stated
         self._config = config
         self.detector = None
@@ -122,11 +129,17 @@ class DetectionModule(TaskModule):
         datamodule = self.trainer.datamodule
         names = getattr(datamodule, "classes", None)
         if names is None or not hasattr(datamodule, "val_ann_file"):
-            raise ConfigError(f"DetectionModule needs a COCO-format DataModule (classes, val_ann_file), got "
-                              f"{type(datamodule).__name__}")
+            raise ConfigError(
+                f"DetectionModule needs a COCO-format DataModule (classes, val_ann_file), got "
+                f"{type(datamodule).__name__}"
+            )
         super().setup(stage)
-        with_mask = isinstance(self._config.get("roi_head"), dict) and self._config["roi_head"].get("mask_head") is not None
-        self._metric = _detection()[1].coco_metric(datamodule.val_ann_file, names, with_mask)  # set up before the detector is built
+        with_mask = (
+            isinstance(self._config.get("roi_head"), dict) and self._config["roi_head"].get("mask_head") is not None
+        )
+        self._metric = _detection()[1].coco_metric(
+            datamodule.val_ann_file, names, with_mask
+        )  # set up before the detector is built
 
     def _preprocess(self, batch: dict, training: bool) -> dict:
         preprocessor = self.detector.data_preprocessor
@@ -151,8 +164,9 @@ class DetectionModule(TaskModule):
         loss, parts = self.detector.parse_losses(losses)  # the sum of every entry named *loss*
         batch_size = len(batch["inputs"])
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
-        self.log_dict({f"train/{name}": value for name, value in parts.items() if name != "loss"},
-                      batch_size=batch_size)
+        self.log_dict(
+            {f"train/{name}": value for name, value in parts.items() if name != "loss"}, batch_size=batch_size
+        )
         return loss
 
     def _predict(self, batch: dict) -> list[dict]:

@@ -20,6 +20,7 @@ Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weight
 
 transformers is imported only when a model is built.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,16 @@ from .optim import OptimRecipe
 #: Training samples in the probe batch that set_attention runs (and calibrates on).
 PROBE_SAMPLES = 16
 #: AdamW at a fine-tuning rate, short linear warmup and decay; no batch scaling.
-HF_OPTIM = OptimRecipe(lr=5e-5, reference_batch=None, weight_decay=0.01, warmup_epochs=0.0, warmup_steps=10,
-                       warmup_lr=1e-7, min_lr=0.0, schedule="linear")
+HF_OPTIM = OptimRecipe(
+    lr=5e-5,
+    reference_batch=None,
+    weight_decay=0.01,
+    warmup_epochs=0.0,
+    warmup_steps=10,
+    warmup_lr=1e-7,
+    min_lr=0.0,
+    schedule="linear",
+)
 
 
 class HFTask(TaskModule):
@@ -66,8 +75,10 @@ class HFTask(TaskModule):
         hp = self.hparams
         auto = getattr(transformers, self.auto_class)
         if hp.model is not None and hp.hf_config is not None:
-            raise ConfigError("give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
-                              "(a model from a config), not both")
+            raise ConfigError(
+                "give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
+                "(a model from a config), not both"
+            )
         # a checkpoint's hyperparameters carry built_config: its weights replace these, calibrated once already
         self.fresh_weights = hp.built_config is None
         if hp.built_config is not None or hp.hf_config is not None:  # a checkpoint's config, or a new model
@@ -77,11 +88,14 @@ class HFTask(TaskModule):
             self.model = auto.from_config(config, attn_implementation="sdpa")
         elif hp.model is not None:
             folder = model_folder(hp.model, "model.init_args.model")
-            self.model = auto.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa",
-                                              **self.config_overrides())
+            self.model = auto.from_pretrained(
+                folder, local_files_only=True, attn_implementation="sdpa", **self.config_overrides()
+            )
         else:
-            raise ConfigError("give model.init_args.model (a pretrained folder or package:<name>) or "
-                              "model.init_args.hf_config (a mapping with model_type)")
+            raise ConfigError(
+                "give model.init_args.model (a pretrained folder or package:<name>) or "
+                "model.init_args.hf_config (a mapping with model_type)"
+            )
         self.model.train(self.training)  # from_pretrained returns it in eval mode (dropout off)
         self.hparams.built_config = json.loads(self.model.config.to_json_string(use_diff=False))
         datamodule = self._trainer.datamodule if self._trainer is not None else None
@@ -112,13 +126,17 @@ class HFTask(TaskModule):
         if self.hparams.model is not None and has_tokenizer(resolve_folder(self.hparams.model)):
             own = load_tokenizer(self.hparams.model, "model.init_args.model")
             if own.get_vocab() != datamodule.tokenizer.get_vocab():
-                raise ConfigError(f"data.tokenizer {datamodule.tokenizer_path} is not the tokenizer of "
-                                  f"model.init_args.model {self.hparams.model}: their vocabularies differ")
+                raise ConfigError(
+                    f"data.tokenizer {datamodule.tokenizer_path} is not the tokenizer of "
+                    f"model.init_args.model {self.hparams.model}: their vocabularies differ"
+                )
         length = getattr(datamodule, "max_length", None) or getattr(datamodule, "block_size", None)
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         if length is not None and positions is not None and length > positions:
-            raise ConfigError(f"the data's sequences have up to {length} tokens but {name} has "
-                              f"max_position_embeddings={positions}; lower data.max_length / data.block_size")
+            raise ConfigError(
+                f"the data's sequences have up to {length} tokens but {name} has "
+                f"max_position_embeddings={positions}; lower data.max_length / data.block_size"
+            )
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
         """Logits for a batch dict (the tokenizer's entries; ``labels`` is ignored)."""
@@ -140,7 +158,9 @@ class HFTask(TaskModule):
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
-        rank_zero_info(f"exported the model to {folder} (load it with polyattn_lightning.attention.switch.hf.load_pretrained)")
+        rank_zero_info(
+            f"exported the model to {folder} (load it with polyattn_lightning.attention.switch.hf.load_pretrained)"
+        )
         return folder
 
 
@@ -188,9 +208,14 @@ class HFSequenceClassification(HFTask):
     def config_overrides(self) -> dict[str, Any]:
         labels = list(self.hparams.classes)
         if len(labels) != self.hparams.num_classes:
-            raise ConfigError(f"model.init_args.classes has {len(labels)} names for num_classes={self.hparams.num_classes}")
-        return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-                "label2id": {label: i for i, label in enumerate(labels)}}
+            raise ConfigError(
+                f"model.init_args.classes has {len(labels)} names for num_classes={self.hparams.num_classes}"
+            )
+        return {
+            "num_labels": len(labels),
+            "id2label": dict(enumerate(labels)),
+            "label2id": {label: i for i, label in enumerate(labels)},
+        }
 
     def build(self) -> None:
         super().build()
@@ -262,8 +287,12 @@ class HFCausalLM(HFTask):
     def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
         ids = batch["input_ids"]
         logits, targets = self(batch)[:, :-1].float(), ids[:, 1:]
-        self.log(f"{stage}/loss", torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),
-                 sync_dist=True, batch_size=targets.numel())
+        self.log(
+            f"{stage}/loss",
+            torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),
+            sync_dist=True,
+            batch_size=targets.numel(),
+        )
         metrics = self.stage_metrics(stage)
         metrics.update(logits, targets)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)

@@ -11,9 +11,9 @@ values are saved with the hyperparameters so that a checkpoint rebuilds it.
 Xiong et al. do, logged as ``test/top1``; ``test_after_fit: false`` turns it off. The module then holds the best
 checkpoint's weights, not the last step's.
 """
+
 from __future__ import annotations
 
-from typing import Any
 
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
@@ -27,9 +27,16 @@ from .optim import OptimRecipe
 #: Xiong et al.'s optimizer and schedule: AdamW (0.9, 0.999), eps 1e-6, no weight decay, lr 1e-4, linear
 #: warmup from lr/25 then linear decay to lr/25e4 (PyTorch OneCycleLR's defaults). Set warmup_steps per task.
 LRA_OPTIM = OptimRecipe(
-    lr=1e-4, reference_batch=None, weight_decay=0.0, eps=1e-6, warmup_epochs=0.0, warmup_lr=4e-6, min_lr=4e-10,
+    lr=1e-4,
+    reference_batch=None,
+    weight_decay=0.0,
+    eps=1e-6,
+    warmup_epochs=0.0,
+    warmup_lr=4e-6,
+    min_lr=4e-10,
     schedule="linear",
 )
+
 
 class LRAModule(TaskModule):
     """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation."""
@@ -75,8 +82,16 @@ class LRAModule(TaskModule):
     def build(self) -> None:
         hp = self.hparams
         self.model = LRAClassifier(
-            hp.vocab_size, hp.max_length, hp.num_classes, bool(hp.two_tower), dim=hp.dim, mlp_dim=hp.mlp_dim,
-            depth=hp.depth, num_heads=hp.num_heads, head_dim=hp.head_dim, dropout=hp.dropout,
+            hp.vocab_size,
+            hp.max_length,
+            hp.num_classes,
+            bool(hp.two_tower),
+            dim=hp.dim,
+            mlp_dim=hp.mlp_dim,
+            depth=hp.depth,
+            num_heads=hp.num_heads,
+            head_dim=hp.head_dim,
+            dropout=hp.dropout,
             attn_dropout=hp.attn_dropout,
         )
         self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(hp.num_classes, average="micro")}))

@@ -4,6 +4,7 @@ The pieces are timm's (``create_optimizer_v2`` for the weight-decay groups,
 ``CosineLRScheduler`` / ``PolyLRScheduler`` / ``MultiStepLRScheduler`` for the schedule), stepped by the
 number of optimizer updates so that the schedule is the same for any number of devices.
 """
+
 from __future__ import annotations
 
 import math

@@ -29,6 +29,7 @@ in :data:`PRIORITY` where ``auto`` should try it, and add its refusals to
 ``tests/attention/kernels/test_kernel_interface.py``. To add a fused activation form: see
 :mod:`polyattn_lightning.attention.forms`.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -41,8 +42,14 @@ from .base import Backend, KernelInputs, KernelNotSupported
 #: Every backend, by name, in the order ``auto`` tries them.
 BACKENDS: dict[str, Backend] = {
     backend.name: backend
-    for backend in (sdpa.BACKEND, associative.BACKEND, triton.BACKEND, fused_cpu.BACKEND, blocked.BACKEND,
-                    materialized.BACKEND)
+    for backend in (
+        sdpa.BACKEND,
+        associative.BACKEND,
+        triton.BACKEND,
+        fused_cpu.BACKEND,
+        blocked.BACKEND,
+        materialized.BACKEND,
+    )
 }
 PRIORITY: tuple[str, ...] = tuple(name for name, backend in BACKENDS.items() if backend.in_auto)
 #: What ``attention(kernel=...)`` accepts.
@@ -82,7 +89,9 @@ def pick(inputs: KernelInputs) -> KernelChoice:
     chosen = min(costs, key=costs.get) if len(costs) > 1 else able[0]
     for name in able:
         if name != chosen:
-            detail = f" (cost {costs[name]:.3g} s against {costs[chosen]:.3g} s)" if len(costs) > 1 and name in costs else ""
+            detail = (
+                f" (cost {costs[name]:.3g} s against {costs[chosen]:.3g} s)" if len(costs) > 1 and name in costs else ""
+            )
             passed_over[name] = [f"{chosen!r} is preferred{detail}"]
     passed_over = {name: passed_over[name] for name in BACKENDS if name in passed_over}
     passed_over.setdefault("materialized", ["a reference: only by name (O(N^2) memory)"])
@@ -97,12 +106,23 @@ def run(kernel: str, inputs: KernelInputs) -> Tensor:
     reasons = [] if kernel == "auto" else backend.not_supported_reasons(inputs)
     if reasons:
         able = [name for name, other in BACKENDS.items() if not other.not_supported_reasons(inputs)]
-        raise KernelNotSupported(f"attention kernel {kernel!r} cannot take these inputs: {'; '.join(reasons)} "
-                                 f"(kernels that can: {', '.join(able)})")
+        raise KernelNotSupported(
+            f"attention kernel {kernel!r} cannot take these inputs: {'; '.join(reasons)} "
+            f"(kernels that can: {', '.join(able)})"
+        )
     if inputs.empty and not inputs.act.is_softmax:  # nothing to tile: an empty batch, no queries or no keys
         backend = BACKENDS["materialized"]
     return backend.forward(inputs)
 
 
-__all__ = ["BACKENDS", "KERNELS", "PRIORITY", "Backend", "KernelChoice", "KernelInputs", "KernelNotSupported",
-           "pick", "run"]
+__all__ = [
+    "BACKENDS",
+    "KERNELS",
+    "PRIORITY",
+    "Backend",
+    "KernelChoice",
+    "KernelInputs",
+    "KernelNotSupported",
+    "pick",
+    "run",
+]

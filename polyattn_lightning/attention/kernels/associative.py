@@ -22,6 +22,7 @@ nothing but the tiles and the gradients is allocated; elsewhere the same
 algebra as batched products over all chunks at once (memory O(N (C + d dv / C)))
 that autograd differentiates.
 """
+
 from __future__ import annotations
 
 import torch
@@ -110,8 +111,9 @@ def _in_cpp(q3: Tensor) -> bool:
     return q3.device.type == "cpu" and load()
 
 
-def causal_associative(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor, allowed: Tensor | None,
-                       causal: int, chunk: int | None = None) -> Tensor:
+def causal_associative(
+    q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor, allowed: Tensor | None, causal: int, chunk: int | None = None
+) -> Tensor:
     """Causal poly1, exact: ``out_i = s_i q_i sum_{j <= i + causal} k_j^T v_j`` in linear time.
 
     ``row_scale`` broadcasts to ``(B, H, Nq, 1)`` (``c(n_i) t``); ``allowed`` is None or a
@@ -177,7 +179,10 @@ class CausalAssociativeCPU(torch.autograd.Function):
         shapes = (*grad_out.shape[:2], -1)
         return (
             *(x.view(*shapes, x.shape[-1]).to(dtype) for x, dtype in zip(grads, dtypes)),
-            None, None, None, None,
+            None,
+            None,
+            None,
+            None,
         )
 
 

@@ -5,6 +5,7 @@ it cannot take (:meth:`Backend.not_supported_reasons`), which it could take but 
 to another (:meth:`Backend.declined_reasons`), optionally what a call would cost (:meth:`Backend.cost`), and
 runs (:meth:`Backend.forward`). ``kernels.pick`` walks the backends in one priority list and asks them.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, NamedTuple

@@ -26,6 +26,7 @@ elementwise passes:
 Everything runs in fp32 (fp64 when the inputs are fp64, for gradcheck) with
 autocast off; the output and gradients come back in the inputs' dtypes.
 """
+
 from __future__ import annotations
 
 import math
@@ -160,7 +161,9 @@ class _Tiles(NamedTuple):
         if blocked is not None:
             self.view4(tile).masked_fill_(blocked, 0.0)
         rows, cols = where[1], where[2]
-        if self.causal is not None and cols.start + tile.shape[2] - 1 > rows.start + self.causal:  # crosses the diagonal
+        if (
+            self.causal is not None and cols.start + tile.shape[2] - 1 > rows.start + self.causal
+        ):  # crosses the diagonal
             i = torch.arange(rows.start, rows.start + tile.shape[1], device=tile.device)
             j = torch.arange(cols.start, cols.start + tile.shape[2], device=tile.device)
             tile.masked_fill_(j > i[:, None] + self.causal, 0.0)
@@ -239,8 +242,20 @@ class BlockedAttention(torch.autograd.Function):
     """``out = c(n) * mask(f(S + b(n) + bias)) @ v``, computed and differentiated tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, n, dropout_p: float, tile_elements: int,
-                causal: int | None):
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        bias,
+        act: Activation,
+        t: float,
+        allowed,
+        n,
+        dropout_p: float,
+        tile_elements: int,
+        causal: int | None,
+    ):
         shape4 = (*q.shape[:3], k.shape[-2])
         dtype = compute_dtype(q)
         with autocast_off(q.device.type):
@@ -279,7 +294,12 @@ class BlockedAttention(torch.autograd.Function):
             # dK and dV accumulate transposed, (B*H, d, Nk).
             q_t, k3 = flatten_heads(q, dtype) * t, flatten_heads(k, dtype)
             do = flatten_heads(grad_out.to(dtype) * row_scale, dtype)  # c(n) folded into dO
-            q_tt, k_t, v_t, do_t = _transposed(q_t), _transposed(k3), _transposed(flatten_heads(v, dtype)), _transposed(do)
+            q_tt, k_t, v_t, do_t = (
+                _transposed(q_t),
+                _transposed(k3),
+                _transposed(flatten_heads(v, dtype)),
+                _transposed(do),
+            )
             dq, dk_t, dv_t = torch.zeros_like(q_t), torch.zeros_like(k_t), torch.zeros_like(v_t)
             want_bias = bias is not None and ctx.needs_input_grad[3]
             dbias = torch.zeros_like(tiles.bias) if want_bias else None
@@ -314,9 +334,7 @@ def _accumulate_bias_grad(dbias: Tensor, ds4: Tensor, where) -> None:
 def blocked(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None, tile_elements: int | None = None) -> Tensor:
     """The blocked kernel on resolved arguments (``KernelInputs``' fields); ``tile_elements`` overrides
     ``TILE_ELEMENTS``."""
-    return BlockedAttention.apply(
-        q, k, v, bias, act, t, allowed, n, dropout_p, tile_elements or TILE_ELEMENTS, causal
-    )
+    return BlockedAttention.apply(q, k, v, bias, act, t, allowed, n, dropout_p, tile_elements or TILE_ELEMENTS, causal)
 
 
 class Blocked(Backend):

@@ -15,6 +15,7 @@ from the cache. Where the build fails (no compiler), a warning says why and the
 PyTorch implementations run instead; ``POLYATTN_FUSED_CPU=0`` turns the C++
 kernels off.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,15 @@ SOURCES = [CSRC / name for name in SOURCE_NAMES]
 #: Compiler flags per ``torch.backends.cpu.get_cpu_capability()``: the instruction set, and the
 #: macros that select the matching ``at::vec::Vectorized`` (SIMD exp and log1p for softplus/sigmoid).
 _VECTOR_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "AVX512": [
+        "-mavx512f",
+        "-mavx512dq",
+        "-mavx512vl",
+        "-mavx512bw",
+        "-mfma",
+        "-DCPU_CAPABILITY=AVX512",
+        "-DCPU_CAPABILITY_AVX512",
+    ],
     "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
 _PORTABLE_FLAGS = ["-DCPU_CAPABILITY=DEFAULT"]
@@ -78,7 +86,9 @@ def build(csrc: Path = CSRC) -> Path:
     capability = torch.backends.cpu.get_cpu_capability()
     name = build_name(csrc, capability)
     if _loaded.get("name", name) != name:  # a second TORCH_LIBRARY polyattn_cpu would abort the process
-        raise RuntimeError(f"kernel build {_loaded['name']} is loaded in this process; {name} (other sources) cannot be")
+        raise RuntimeError(
+            f"kernel build {_loaded['name']} is loaded in this process; {name} (other sources) cannot be"
+        )
     directory = Path(cpp_extension._get_build_directory(name, verbose=False))
     source_dir = directory / "src"
     source_dir.mkdir(parents=True, exist_ok=True)
@@ -121,9 +131,14 @@ def _register_fakes() -> None:
     def associative_backward(q, k, v, *args):  # also the causal one's: (dq, dk, dv)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    for name, fake in [("forward", forward), ("backward", backward), ("associative_forward", associative_forward),
-                       ("associative_backward", associative_backward), ("associative_causal_forward", forward),
-                       ("associative_causal_backward", associative_backward)]:
+    for name, fake in [
+        ("forward", forward),
+        ("backward", backward),
+        ("associative_forward", associative_forward),
+        ("associative_backward", associative_backward),
+        ("associative_causal_forward", forward),
+        ("associative_causal_backward", associative_backward),
+    ]:
         torch.library.register_fake(f"polyattn_cpu::{name}", fake)
 
 

@@ -32,13 +32,15 @@ different pairs.) Entry
 
 which is ``triton.language.philox(seed, j // 4, i, bh, offset)`` with int32
 counters and the default 10 rounds, output ``j % 4``. ``offset`` is 0 here.
-Kept entries are scaled by ``1 / (1 - p)`` (folded into ``c(n)``). The decision is a pure function of its coordinates, so
+Kept entries are scaled by ``1 / (1 - p)`` (folded into ``c(n)``). The decision is a pure function of its coordinates,
+so
 no ``N x N`` mask exists: the backward regenerates it tile by tile, whatever its
 tile shapes. ``dropout_keep_mask`` materialises it for small shapes (tests).
 
 Where the C++ kernels cannot be built (no compiler), a warning says why and
 the blocked kernel runs instead.
 """
+
 from __future__ import annotations
 
 import torch
@@ -86,8 +88,9 @@ def key_lengths(allowed: Tensor | None, batch: int, nk: int) -> tuple[Tensor | N
     return lengths.expand(batch).contiguous(), None if prefix else allowed
 
 
-def fused_forward(q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
-                  causal: int | None) -> tuple[Tensor, tuple, tuple]:
+def fused_forward(
+    q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int, causal: int | None
+) -> tuple[Tensor, tuple, tuple]:
     """The forward of :class:`FusedCPUAttention`: ``(out, tensors the backward needs, its metadata)``."""
     shape4 = (*q.shape[:3], k.shape[-2])
     dtype = compute_dtype(q)
@@ -101,7 +104,19 @@ def fused_forward(q, k, v, bias, act: Activation, t: float, allowed, lengths, n,
         strided = [None if x is None else x.expand(shape4) for x in (bias4, allowed)]
         rng = (dropout_p, seed, 0)  # (p, seed, offset)
         out = torch.ops.polyattn_cpu.forward(
-            q3, k3, v3, row_scale, row_shift, *strided, lengths, shape4[1], form, power, *rng, *FORWARD_BLOCK, causal,
+            q3,
+            k3,
+            v3,
+            row_scale,
+            row_shift,
+            *strided,
+            lengths,
+            shape4[1],
+            form,
+            power,
+            *rng,
+            *FORWARD_BLOCK,
+            causal,
         )
     meta = (shape4, t, act, None if bias is None else bias4.shape, rng, causal)
     return out.view(*shape4[:3], -1).to(v.dtype), (q3, k3, v3, row_scale, row_shift, *strided, lengths), meta
@@ -117,8 +132,21 @@ class FusedCPUAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act: Activation, t: float, allowed, lengths, n, dropout_p: float, seed: int,
-                causal: int | None):
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        bias,
+        act: Activation,
+        t: float,
+        allowed,
+        lengths,
+        n,
+        dropout_p: float,
+        seed: int,
+        causal: int | None,
+    ):
         out, saved, meta = fused_forward(q, k, v, bias, act, t, allowed, lengths, n, dropout_p, seed, causal)
         ctx.save_for_backward(*saved)
         ctx.meta = meta
@@ -135,8 +163,21 @@ class FusedCPUAttention(torch.autograd.Function):
         with autocast_off("cpu"):
             dout = (grad_out.reshape(q3.shape[0], q3.shape[1], -1).to(q3.dtype) * row_scale[..., None]).contiguous()
             dq, dk, dv, dbias = torch.ops.polyattn_cpu.backward(
-                q3, k3, v3, dout, row_shift, bias, mask, lengths, want_bias, shape4[1], form, power, *rng,
-                *BACKWARD_BLOCK, causal,
+                q3,
+                k3,
+                v3,
+                dout,
+                row_shift,
+                bias,
+                mask,
+                lengths,
+                want_bias,
+                shape4[1],
+                form,
+                power,
+                *rng,
+                *BACKWARD_BLOCK,
+                causal,
             )
             gain = grad_gain(act)  # f'(S) = p S^(p-1); the kernel leaves out the p
             dq.mul_(t * gain)
@@ -150,7 +191,14 @@ class FusedCPUAttention(torch.autograd.Function):
             dk.view(*heads, *dk.shape[1:]).to(k_dtype),
             dv.view(*heads, *dv.shape[1:]).to(v_dtype),
             dbias.view(bias_shape).to(bias_dtype) if want_bias else None,
-            None, None, None, None, None, None, None, None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )
 
 
@@ -171,8 +219,10 @@ class FusedCPU(Backend):
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         reasons = elementwise_reasons(inputs)
         if not reasons and inputs.act.fused_form is None:
-            reasons.append(f"the fused_cpu kernel does not know activation {inputs.act.name!r} (a custom one: "
-                           "kernel='blocked' runs it)")
+            reasons.append(
+                f"the fused_cpu kernel does not know activation {inputs.act.name!r} (a custom one: "
+                "kernel='blocked' runs it)"
+            )
         if inputs.q.device.type != "cpu":
             reasons.append(f"q is on {inputs.q.device}; this kernel runs on CPU tensors")
         elif not load():

@@ -3,6 +3,7 @@
 Supports every elementwise activation, mask, score bias, dropout (PyTorch's) and causal attention; autograd
 differentiates it. Never picked by ``auto``: its memory is O(N^2) per head.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F

@@ -3,6 +3,7 @@
 Takes softmax only, with every mask, score bias, dropout and causal alignment ``attention()`` accepts; rows
 with no attendable key give zeros instead of SDPA's NaN.
 """
+
 from __future__ import annotations
 
 import torch

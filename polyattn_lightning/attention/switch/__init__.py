@@ -9,6 +9,7 @@ Hugging Face model never imports timm, and ``import polyattn_lightning`` imports
 To switch a new library's models, add a folder here with its ``set_attention`` and route its models to it in
 :func:`set_attention` below.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,7 +19,15 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..registry import ActivationSpec
-from .base import ADAPTERS, AttentionInputs, Capture, SwitchedAttention, attention_map, attention_modules, register_adapter
+from .base import (
+    ADAPTERS,
+    AttentionInputs,
+    Capture,
+    SwitchedAttention,
+    attention_map,
+    attention_modules,
+    register_adapter,
+)
 
 
 def set_attention(
@@ -50,8 +59,10 @@ def set_attention(
         from .hf import set_attention as set_hf_attention
 
         if not strict or probe is False:
-            raise ConfigError(f"{type(model).__name__}: a Hugging Face model is switched whole, after its probe "
-                              "forward; strict=False and probe=False are for timm models")
+            raise ConfigError(
+                f"{type(model).__name__}: a Hugging Face model is switched whole, after its probe "
+                "forward; strict=False and probe=False are for timm models"
+            )
         return set_hf_attention(model, activation, probe=None if probe is True else probe, calibrate=calibrate)
     if calibrate:
         raise ConfigError(f"{type(model).__name__}: calibrate=True is for Hugging Face transformers models")
@@ -77,6 +88,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ADAPTERS", "AttentionInputs", "AttentionRefused", "Capture", "ProbeInputError", "SwitchedAttention", "Unswitched",
-    "attention_map", "attention_modules", "register_adapter", "set_attention",
+    "ADAPTERS",
+    "AttentionInputs",
+    "AttentionRefused",
+    "Capture",
+    "ProbeInputError",
+    "SwitchedAttention",
+    "Unswitched",
+    "attention_map",
+    "attention_modules",
+    "register_adapter",
+    "set_attention",
 ]

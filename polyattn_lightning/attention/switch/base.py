@@ -30,6 +30,7 @@ A library class gets its switch with :func:`register_adapter`: the smallest subc
 :class:`SwitchedAttention` whose ``forward`` keeps the library's steps and calls ``self._attend`` where the
 softmax was.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -98,8 +99,15 @@ class SwitchedAttention(nn.Module):
         return get_activation(self.activation_spec)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, temperature: float, *, dropout_p: float | None = None,
-        is_causal: bool = False, **masks: Tensor | None,
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        temperature: float,
+        *,
+        dropout_p: float | None = None,
+        is_causal: bool = False,
+        **masks: Tensor | None,
     ) -> Tensor:
         """The step that was softmax; ``masks`` are ``attn_mask``/``attn_bias``/``key_padding_mask`` and
         ``is_causal`` is bottom-right, as ``attention()`` takes them (padding as ``key_padding_mask`` keeps

@@ -1,4 +1,5 @@
 """Long Range Arena DataModules, one module per task format; the batch format is described in :mod:`.base`."""
+
 from .base import PAD_ID, PAD_MULTIPLE, LRADataModule, PadCollate, SequenceBuilder, Sequences, TokenDataset
 from .image import CIFAR10GrayDataModule
 from .listops import ListOpsDataModule, ListOpsSpec

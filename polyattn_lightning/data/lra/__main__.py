@@ -2,6 +2,7 @@
 
 Only ListOps can be made (LRA's generator); the other tasks' data come from their releases.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -16,6 +16,7 @@ the batch's longest sequence rounded up to a multiple of 64 (at most
 ``max_length``): most batches are far shorter than ``max_length``, and
 attention costs O(L^2). ``fixed_length=True`` pads every batch to ``max_length``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -7,6 +7,7 @@ pixel value (0-255) one token, row by row: vocabulary 256, length 1024, no paddi
 The batches are unpickled directly (numpy arrays and plain containers only):
 torchvision's ``CIFAR10`` insists on the release's MD5 sums.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -96,6 +97,10 @@ class CIFAR10GrayDataModule(LRADataModule):
 
     def load(self, root: Path) -> tuple[Dataset, Dataset, Dataset]:
         train = self.read_batches(root, TRAIN_BATCHES)
-        train, val = seeded_split(train, [len(train) - self.val_size, self.val_size], self.split_seed,
-                                  names=["training", "validation (val_size)"])
+        train, val = seeded_split(
+            train,
+            [len(train) - self.val_size, self.val_size],
+            self.split_seed,
+            names=["training", "validation (val_size)"],
+        )
         return train, val, self.read_batches(root, (TEST_BATCH,))

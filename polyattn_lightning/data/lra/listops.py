@@ -26,6 +26,7 @@ and closing brackets), the same random draws in the same order from a seeded
 
 Either folder is then a ``--data.root`` (it holds ``listops-1000/basic_{train,val,test}.tsv``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -152,7 +153,9 @@ def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
             samples.setdefault(text, value)
     rows = list(samples.items())
     ends = np.cumsum([spec.num_train, spec.num_val, spec.num_test])
-    return {split: rows[end - n : end] for split, n, end in zip(SPLITS, (spec.num_train, spec.num_val, spec.num_test), ends)}
+    return {
+        split: rows[end - n : end] for split, n, end in zip(SPLITS, (spec.num_train, spec.num_val, spec.num_test), ends)
+    }
 
 
 def write_tsv(rows: list[tuple[str, int]], path: Path) -> None:

@@ -9,6 +9,7 @@ pixel values (0-255) are the tokens, row by row (vocabulary 256, length 1024 at
 32 x 32), and empty image files are dropped (the release has one). LRA's task is
 ``curv_contour_length_14`` ("hard"). All images are decoded once, in ``setup``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,7 +91,8 @@ class PathfinderDataModule(LRADataModule):
             return None
         if pixels.shape != (self.resolution, self.resolution):
             raise DataError(
-                f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, expected {self.resolution} x {self.resolution}"
+                f"{path}: image is {pixels.shape[1]} x {pixels.shape[0]}, "
+                f"expected {self.resolution} x {self.resolution}"
             )
         return pixels.reshape(-1)
 
@@ -118,5 +120,11 @@ class PathfinderDataModule(LRADataModule):
         if not pixels:
             raise MissingPathError(f"no readable images under {root / self.folder}; expected layout:\n{self.layout}")
         dataset = TokenDataset([Sequences.from_array(np.stack(pixels))], labels)
-        return tuple(seeded_split(dataset, fraction_sizes(len(dataset), [0.8, 0.1, 0.1]), self.split_seed,
-                                  names=["training", "validation", "test"]))
+        return tuple(
+            seeded_split(
+                dataset,
+                fraction_sizes(len(dataset), [0.8, 0.1, 0.1]),
+                self.split_seed,
+                names=["training", "validation", "test"],
+            )
+        )

@@ -6,6 +6,7 @@ id2, text1, text2. As google-research/long-range-arena ``lra_benchmarks/matching
 with ``tokenizer='char'`` (the Nystromformer setup): ``ByteTextEncoder``, byte b is
 id b + 1, 0 is padding (vocabulary 257), each text truncated to ``max_length`` = 4000 bytes.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

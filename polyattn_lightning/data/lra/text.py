@@ -8,6 +8,7 @@ file's bytes with surrounding whitespace stripped (tfds ``imdb_reviews`` reads
 ``max_length`` bytes: 4000 in the paper and the Nystromformer setup, 1000 in
 the LRA release's config.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,6 +67,10 @@ class IMDbDataModule(LRADataModule):
         train, test = self.read_split(root / "train"), self.read_split(root / "test")
         if not self.val_fraction:
             return train, test, test
-        train, val = seeded_split(train, fraction_sizes(len(train), [1 - self.val_fraction, self.val_fraction]), self.split_seed,
-                                  names=["training", "validation (val_fraction)"])
+        train, val = seeded_split(
+            train,
+            fraction_sizes(len(train), [1 - self.val_fraction, self.val_fraction]),
+            self.split_seed,
+            names=["training", "validation (val_fraction)"],
+        )
         return train, val, test

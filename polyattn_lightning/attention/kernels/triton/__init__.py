@@ -17,7 +17,8 @@ Supported: ``poly{p}``, ``relu``, ``softplus``, ``sigmoid`` (an Activation's
 boolean ``allowed`` mask (key padding or pairwise, read through broadcast
 strides), causal masking (``CAUSAL``: query ``i`` attends keys ``j <= i + OFFSET``,
 ``OFFSET = Nk - Nq``; each program's tile loop stops at, or starts from, the
-diagonal, so tiles above it are never computed, and only those it crosses are masked), an additive score bias (Swin's relative-position bias; read through
+diagonal, so tiles above it are never computed, and only those it crosses are masked), an additive score bias (Swin's
+relative-position bias; read through
 broadcast strides, its gradient summed over the dimensions it broadcasts
 along), attention dropout, ragged lengths and ``Nq != Nk``.
 
@@ -69,6 +70,7 @@ interpreter multiplies bf16 as raw integers, so under it bf16 products run on
 fp32 operands (bf16 loads, stores and casts are still exercised). What has run
 on which GPU is in BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -92,8 +94,10 @@ def triton_available() -> bool:
 
 class Triton(Backend):
     name = "triton"
-    supports = ("CUDA tensors (CPU under TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256, the built-in forms, "
-                "every mask, bias, dropout, causal")
+    supports = (
+        "CUDA tensors (CPU under TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256, the built-in forms, "
+        "every mask, bias, dropout, causal"
+    )
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         q, act = inputs.q, inputs.act
@@ -101,8 +105,9 @@ class Triton(Backend):
         if not reasons and act.fused_form is None:
             reasons.append(f"the triton kernel does not know activation {act.name!r} (a custom one)")
         if not (q.is_cuda or interpreting()):
-            reasons.append(f"q is on {q.device}; this kernel runs on CUDA tensors (on CPU only under "
-                           "TRITON_INTERPRET=1)")
+            reasons.append(
+                f"q is on {q.device}; this kernel runs on CUDA tensors (on CPU only under TRITON_INTERPRET=1)"
+            )
         elif not triton_available():
             reasons.append("the triton package is not installed")
         if q.dtype not in DTYPES:
@@ -114,12 +119,15 @@ class Triton(Backend):
     def declined_reasons(self, inputs: KernelInputs) -> list[str]:
         q = inputs.q
         if q.dtype == torch.float32 and q.is_cuda and fp32_precision() == "ieee":
-            return ["fp32 at torch.get_float32_matmul_precision() == 'highest': Triton has no IEEE fp32 tensor "
-                    "cores, the blocked kernel on cuBLAS is faster"]
+            return [
+                "fp32 at torch.get_float32_matmul_precision() == 'highest': Triton has no IEEE fp32 tensor "
+                "cores, the blocked kernel on cuBLAS is faster"
+            ]
         from .selfcheck import triton_verified
 
-        if not triton_verified(q, inputs.k, inputs.v, inputs.act, inputs.allowed, inputs.bias, inputs.dropout_p,
-                               inputs.causal):
+        if not triton_verified(
+            q, inputs.k, inputs.v, inputs.act, inputs.allowed, inputs.bias, inputs.dropout_p, inputs.causal
+        ):
             return ["this launch configuration failed its self-check against the blocked kernel (warned once)"]
         return []
 

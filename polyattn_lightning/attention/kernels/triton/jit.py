@@ -4,6 +4,7 @@
 constants below (the fourth form, ``SIGMOID``, is each ``if``'s last branch). Launched by ``op.py`` through the
 tables of ``launch.py``; the module docstring of this package says what the programs compute and why.
 """
+
 import triton
 import triton.language as tl
 
@@ -28,6 +29,7 @@ def _phi(z, FORM: tl.constexpr, POWER: tl.constexpr):
         f = 1.0 / (1.0 + tl.exp(-z))
     return f
 
+
 @triton.jit
 def _dphi(z, FORM: tl.constexpr, POWER: tl.constexpr):
     if FORM == POLY:
@@ -43,10 +45,12 @@ def _dphi(z, FORM: tl.constexpr, POWER: tl.constexpr):
         g = s * (1.0 - s)
     return g
 
+
 @triton.jit
 def _mm(a, b, OPERAND: tl.constexpr, PRECISION: tl.constexpr):
     """``a @ b`` with both operands cast to ``OPERAND``, accumulated in fp32."""
     return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
+
 
 @triton.jit
 def _keep(seed, threshold, bh, offs_m, start, BLOCK_N: tl.constexpr):
@@ -60,10 +64,36 @@ def _keep(seed, threshold, bh, offs_m, start, BLOCK_N: tl.constexpr):
     words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (offs_m.shape[0], BLOCK_N))
     return words >= threshold.to(tl.uint32)
 
+
 @triton.jit
-def _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base, sb_q, sb_k,
-            seed, threshold, OFFSET, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-            CAUSAL: tl.constexpr, QK: tl.constexpr, QK_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+def _scores(
+    q,
+    k,
+    t,
+    shift,
+    bh,
+    offs_m,
+    start,
+    offs_n,
+    Nq,
+    Nk,
+    mask_base,
+    sm_q,
+    sm_k,
+    bias_base,
+    sb_q,
+    sb_k,
+    seed,
+    threshold,
+    OFFSET,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK: tl.constexpr,
+    QK_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """``z = S + b(n) + bias`` for a (queries x keys) block and whether each pair counts (mask, causal, dropout)."""
     z = _mm(q, tl.trans(k), QK, QK_PRECISION) * t + shift[:, None]
     valid = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
@@ -79,6 +109,7 @@ def _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, 
         valid = valid & _keep(seed, threshold, bh, offs_m, start, BLOCK_N)
     return z, valid
 
+
 @triton.jit
 def _program(Nrows, BLOCK: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """``(flattened head, block)`` of this program on the 1-D grid of ``B*H x cdiv(Nrows, BLOCK)``."""
@@ -88,6 +119,7 @@ def _program(Nrows, BLOCK: tl.constexpr, HEADS_FASTEST: tl.constexpr):
         return pid % heads, pid // heads
     else:
         return pid // blocks, pid % blocks
+
 
 @triton.jit
 def _head_extras(Mask, Bias, Seed, bh, H, sm_b, sm_h, sb_b, sb_h, DROPOUT: tl.constexpr):
@@ -99,16 +131,19 @@ def _head_extras(Mask, Bias, Seed, bh, H, sm_b, sm_h, sb_b, sb_h, DROPOUT: tl.co
         seed = 0
     return Mask + b * sm_b + h * sm_h, Bias + b * sb_b + h * sb_h, seed
 
+
 @triton.jit
 def _load_rows(ptr, offs, n, offs_d, d):
     """Rows ``offs`` (< n) of a contiguous ``(N, d)`` matrix, zero-padded to the block."""
     inside = (offs[:, None] < n) & (offs_d[None, :] < d)
     return tl.load(ptr + offs[:, None] * d + offs_d[None, :], mask=inside, other=0.0)
 
+
 @triton.jit
 def _store_rows(ptr, x, offs, n, offs_d, d):
     inside = (offs[:, None] < n) & (offs_d[None, :] < d)
     tl.store(ptr + offs[:, None] * d + offs_d[None, :], x.to(ptr.dtype.element_ty), mask=inside)
+
 
 @triton.jit
 def _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D):
@@ -118,19 +153,58 @@ def _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D):
     c = tl.load(C + bh * Nq + offs_m, mask=rows_ok, other=0.0)
     return q, c, tl.load(Shift + bh * Nq + offs_m, mask=rows_ok, other=0.0)
 
+
 @triton.jit
-def _score_grad(z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr,
-                PV_PRECISION: tl.constexpr):
+def _score_grad(
+    z, valid, do_c, v, FORM: tl.constexpr, POWER: tl.constexpr, PV: tl.constexpr, PV_PRECISION: tl.constexpr
+):
     """``dS = phi'(z) * (c dO V^T)``, zero on pairs that do not count."""
     return tl.where(valid, _dphi(z, FORM, POWER), 0.0) * _mm(do_c, tl.trans(v), PV, PV_PRECISION)
 
+
 @triton.jit
-def _forward(Q, K, V, Out, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-             sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
-             FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-             DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
-             PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _forward(
+    Q,
+    K,
+    V,
+    Out,
+    C,
+    Shift,
+    Mask,
+    Bias,
+    Seed,
+    t,
+    threshold,
+    Nq,
+    Nk,
+    H,
+    D,
+    DV,
+    sm_b,
+    sm_h,
+    sm_q,
+    sm_k,
+    sb_b,
+    sb_h,
+    sb_q,
+    sb_k,
+    OFFSET,
+    FORM: tl.constexpr,
+    POWER: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK: tl.constexpr,
+    PV: tl.constexpr,
+    QK_PRECISION: tl.constexpr,
+    PV_PRECISION: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Per query block: ``out = sum_k c phi(z) V``."""
     bh, pid = _program(Nq, BLOCK_M, HEADS_FASTEST)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -146,20 +220,84 @@ def _forward(Q, K, V, Out, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, 
         offs_n = start + tl.arange(0, BLOCK_N)
         k = _load_rows(K_head, offs_n, Nk, offs_d, D)
         v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
-        z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                           sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
-                           QK_PRECISION, BLOCK_N)
+        z, valid = _scores(
+            q,
+            k,
+            t,
+            shift,
+            bh,
+            offs_m,
+            start,
+            offs_n,
+            Nq,
+            Nk,
+            mask_base,
+            sm_q,
+            sm_k,
+            bias_base,
+            sb_q,
+            sb_k,
+            seed,
+            threshold,
+            OFFSET,
+            HAS_MASK,
+            HAS_BIAS,
+            DROPOUT,
+            CAUSAL,
+            QK,
+            QK_PRECISION,
+            BLOCK_N,
+        )
         p = tl.where(valid, _phi(z, FORM, POWER), 0.0) * c[:, None]
         acc += _mm(p, v, PV, PV_PRECISION)
     _store_rows(Out + bh.to(tl.int64) * Nq * DV, acc, offs_m, Nq, offs_dv, DV)
 
+
 @triton.jit
-def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                 sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
-                 FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
-                 PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _backward_kv(
+    Q,
+    K,
+    V,
+    DO,
+    DK,
+    DV_,
+    C,
+    Shift,
+    Mask,
+    Bias,
+    Seed,
+    t,
+    threshold,
+    Nq,
+    Nk,
+    H,
+    D,
+    DV,
+    sm_b,
+    sm_h,
+    sm_q,
+    sm_k,
+    sb_b,
+    sb_h,
+    sb_q,
+    sb_k,
+    OFFSET,
+    FORM: tl.constexpr,
+    POWER: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK: tl.constexpr,
+    PV: tl.constexpr,
+    QK_PRECISION: tl.constexpr,
+    PV_PRECISION: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Per key block: ``dV = sum_q phi(z)^T (c dO)``, ``dK = t sum_q dS^T Q``."""
     bh, pid = _program(Nk, BLOCK_N, HEADS_FASTEST)
     start = pid * BLOCK_N
@@ -178,9 +316,34 @@ def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold,
         offs_m = row + tl.arange(0, BLOCK_M)
         q, c, shift = _query_block(Q, C, Shift, bh, offs_m, Nq, offs_d, D)
         do_c = _load_rows(DO_head, offs_m, Nq, offs_dv, DV).to(tl.float32) * c[:, None]
-        z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                           sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
-                           QK_PRECISION, BLOCK_N)
+        z, valid = _scores(
+            q,
+            k,
+            t,
+            shift,
+            bh,
+            offs_m,
+            start,
+            offs_n,
+            Nq,
+            Nk,
+            mask_base,
+            sm_q,
+            sm_k,
+            bias_base,
+            sb_q,
+            sb_k,
+            seed,
+            threshold,
+            OFFSET,
+            HAS_MASK,
+            HAS_BIAS,
+            DROPOUT,
+            CAUSAL,
+            QK,
+            QK_PRECISION,
+            BLOCK_N,
+        )
         p = tl.where(valid, _phi(z, FORM, POWER), 0.0)
         dv += _mm(tl.trans(p), do_c, PV, PV_PRECISION)
         ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
@@ -188,14 +351,53 @@ def _backward_kv(Q, K, V, DO, DK, DV_, C, Shift, Mask, Bias, Seed, t, threshold,
     _store_rows(DK + bh.to(tl.int64) * Nk * D, dk * t, offs_n, Nk, offs_d, D)
     _store_rows(DV_ + bh.to(tl.int64) * Nk * DV, dv, offs_n, Nk, offs_dv, DV)
 
+
 @triton.jit
-def _backward_q(Q, K, V, DO, DQ, DBias, C, Shift, Mask, Bias, Seed, t, threshold, Nq, Nk, H, D, DV,
-                sm_b, sm_h, sm_q, sm_k, sb_b, sb_h, sb_q, sb_k, OFFSET,
-                FORM: tl.constexpr, POWER: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, QK_PRECISION: tl.constexpr,
-                PV_PRECISION: tl.constexpr, HEADS_FASTEST: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BIAS_GRAD: tl.constexpr):
+def _backward_q(
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    DBias,
+    C,
+    Shift,
+    Mask,
+    Bias,
+    Seed,
+    t,
+    threshold,
+    Nq,
+    Nk,
+    H,
+    D,
+    DV,
+    sm_b,
+    sm_h,
+    sm_q,
+    sm_k,
+    sb_b,
+    sb_h,
+    sb_q,
+    sb_k,
+    OFFSET,
+    FORM: tl.constexpr,
+    POWER: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK: tl.constexpr,
+    PV: tl.constexpr,
+    QK_PRECISION: tl.constexpr,
+    PV_PRECISION: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+):
     """Per query block: ``dQ = t sum_k dS K``; with ``BIAS_GRAD`` also writes ``dS`` (the bias gradient)."""
     bh, pid = _program(Nq, BLOCK_M, HEADS_FASTEST)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -213,9 +415,34 @@ def _backward_q(Q, K, V, DO, DQ, DBias, C, Shift, Mask, Bias, Seed, t, threshold
         offs_n = start + tl.arange(0, BLOCK_N)
         k = _load_rows(K_head, offs_n, Nk, offs_d, D)
         v = _load_rows(V_head, offs_n, Nk, offs_dv, DV)
-        z, valid = _scores(q, k, t, shift, bh, offs_m, start, offs_n, Nq, Nk, mask_base, sm_q, sm_k, bias_base,
-                           sb_q, sb_k, seed, threshold, OFFSET, HAS_MASK, HAS_BIAS, DROPOUT, CAUSAL, QK,
-                           QK_PRECISION, BLOCK_N)
+        z, valid = _scores(
+            q,
+            k,
+            t,
+            shift,
+            bh,
+            offs_m,
+            start,
+            offs_n,
+            Nq,
+            Nk,
+            mask_base,
+            sm_q,
+            sm_k,
+            bias_base,
+            sb_q,
+            sb_k,
+            seed,
+            threshold,
+            OFFSET,
+            HAS_MASK,
+            HAS_BIAS,
+            DROPOUT,
+            CAUSAL,
+            QK,
+            QK_PRECISION,
+            BLOCK_N,
+        )
         ds = _score_grad(z, valid, do_c, v, FORM, POWER, PV, PV_PRECISION)
         if BIAS_GRAD:
             inside = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)

@@ -6,6 +6,7 @@ the table before that (``_LEGACY``) and ``POLYATTN_TRITON_GRID=heads`` the old g
 that a GPU run can time old against new (BENCHMARKS.md says what has been timed). Nothing here imports Triton
 at module level: the backend's checks (``__init__``) read these tables on machines without it.
 """
+
 from __future__ import annotations
 
 import math
@@ -124,8 +125,9 @@ def grid_order() -> str:
     return _choice("POLYATTN_TRITON_GRID", GRID_ORDERS)
 
 
-def launch_config(kernel: str, dtype: torch.dtype, d: int, dv: int, nq: int, nk: int,
-                  table: str | None = None) -> LaunchConfig:
+def launch_config(
+    kernel: str, dtype: torch.dtype, d: int, dv: int, nq: int, nk: int, table: str | None = None
+) -> LaunchConfig:
     """The tile config of ``kernel`` (one of ``KERNELS``) for these operands."""
     width = max(d, dv)
     if (table or launch_table()) == "legacy":
@@ -183,16 +185,36 @@ def _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropo
     """Runtime arguments after the block tensors, and the compile-time ones, shared by all three kernels."""
     nq, nk, d, dv = q3.shape[1], k3.shape[1], q3.shape[2], v3.shape[2]
     threshold = min(math.floor(dropout_p * 2**32), 2**32 - 1)
-    args = (c, shift, q3 if mask is None else mask, q3 if bias is None else bias, q3 if seed is None else seed,
-            t, threshold, nq, nk, heads, d, dv, *_broadcast_strides(mask), *_broadcast_strides(bias),
-            0 if causal is None else causal)
+    args = (
+        c,
+        shift,
+        q3 if mask is None else mask,
+        q3 if bias is None else bias,
+        q3 if seed is None else seed,
+        t,
+        threshold,
+        nq,
+        nk,
+        heads,
+        d,
+        dv,
+        *_broadcast_strides(mask),
+        *_broadcast_strides(bias),
+        0 if causal is None else causal,
+    )
     import triton
 
     meta = dict(
-        FORM=form, POWER=power, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, DROPOUT=dropout_p > 0,
+        FORM=form,
+        POWER=power,
+        HAS_MASK=mask is not None,
+        HAS_BIAS=bias is not None,
+        DROPOUT=dropout_p > 0,
         CAUSAL=causal is not None,
-        **product_types(q3.dtype), HEADS_FASTEST=grid_order() == "heads",
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+        **product_types(q3.dtype),
+        HEADS_FASTEST=grid_order() == "heads",
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
     )
     return args, meta
 
@@ -206,8 +228,9 @@ def _launch(name: str, kernel, rows: int, q3, k3, v3, args, meta) -> Launch:
     return Launch(kernel, grid, args, {**meta, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, config)
 
 
-def forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
-                     causal) -> list[Launch]:
+def forward_launches(
+    q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal
+) -> list[Launch]:
     """The forward kernel's launch for contiguous ``(B*H, N, d)`` operands (mask/bias 4-D, broadcastable)."""
     from .jit import _forward
 
@@ -215,14 +238,42 @@ def forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form
     return [_launch("forward", _forward, q3.shape[1], q3, k3, v3, (q3, k3, v3, out, *args), meta)]
 
 
-def backward_launches(q3, k3, v3, do, dq, dk, dv, ds, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
-                      causal, bias_grad: bool) -> list[Launch]:
+def backward_launches(
+    q3,
+    k3,
+    v3,
+    do,
+    dq,
+    dk,
+    dv,
+    ds,
+    c,
+    shift,
+    mask,
+    bias,
+    seed,
+    heads,
+    t,
+    form,
+    power,
+    dropout_p,
+    causal,
+    bias_grad: bool,
+) -> list[Launch]:
     """The two backward kernels' launches; ``ds`` is the bias-gradient buffer (any tensor without ``bias_grad``)."""
     from .jit import _backward_kv, _backward_q
 
     args, meta = _shared(q3, k3, v3, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal)
     return [
         _launch("backward_kv", _backward_kv, k3.shape[1], q3, k3, v3, (q3, k3, v3, do, dk, dv, *args), meta),
-        _launch("backward_q", _backward_q, q3.shape[1], q3, k3, v3, (q3, k3, v3, do, dq, ds, *args),
-                {**meta, "BIAS_GRAD": bias_grad}),
+        _launch(
+            "backward_q",
+            _backward_q,
+            q3.shape[1],
+            q3,
+            k3,
+            v3,
+            (q3, k3, v3, do, dq, ds, *args),
+            {**meta, "BIAS_GRAD": bias_grad},
+        ),
     ]

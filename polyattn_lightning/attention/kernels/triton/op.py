@@ -5,6 +5,7 @@ launches of ``launch.py``, under a device guard (on ``q``'s CUDA device, whateve
 ``torch.compile`` sees through them without a graph break. :class:`TritonAttention` folds the row scale and
 dropout into the operands and sums the bias gradient over the bias's broadcast dimensions.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,28 +30,55 @@ def _run(launches: list[Launch]) -> None:
     """The launches (where Triton compiles each on first use)."""
     for launch in launches:
         torch.library.wrap_triton(launch.kernel)[launch.grid](
-            *launch.args, **launch.meta, num_warps=launch.config.num_warps, num_stages=launch.config.num_stages,
+            *launch.args,
+            **launch.meta,
+            num_warps=launch.config.num_warps,
+            num_stages=launch.config.num_stages,
         )
 
 
 @torch.library.triton_op("polyattn::triton_forward", mutates_args=())
 def triton_forward(
-    q3: Tensor, k3: Tensor, v3: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
-    seed: Optional[Tensor], heads: int, t: float, form: int, power: int, dropout_p: float,
+    q3: Tensor,
+    k3: Tensor,
+    v3: Tensor,
+    c: Tensor,
+    shift: Tensor,
+    mask: Optional[Tensor],
+    bias: Optional[Tensor],
+    seed: Optional[Tensor],
+    heads: int,
+    t: float,
+    form: int,
+    power: int,
+    dropout_p: float,
     causal: Optional[int] = None,
 ) -> Tensor:
     """``out (B*H, Nq, dv)`` from contiguous ``(B*H, N, d)`` operands; mask/bias 4-D, broadcastable."""
     out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
     with _device_guard(q3):
-        _run(forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p,
-                              causal))
+        _run(forward_launches(q3, k3, v3, out, c, shift, mask, bias, seed, heads, t, form, power, dropout_p, causal))
     return out
+
 
 @torch.library.triton_op("polyattn::triton_backward", mutates_args=())
 def triton_backward(
-    q3: Tensor, k3: Tensor, v3: Tensor, do: Tensor, c: Tensor, shift: Tensor, mask: Optional[Tensor],
-    bias: Optional[Tensor], seed: Optional[Tensor], heads: int, t: float, form: int, power: int,
-    dropout_p: float, causal: Optional[int], bias_grad: bool,
+    q3: Tensor,
+    k3: Tensor,
+    v3: Tensor,
+    do: Tensor,
+    c: Tensor,
+    shift: Tensor,
+    mask: Optional[Tensor],
+    bias: Optional[Tensor],
+    seed: Optional[Tensor],
+    heads: int,
+    t: float,
+    form: int,
+    power: int,
+    dropout_p: float,
+    causal: Optional[int],
+    bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``dq, dk, dv`` and, with ``bias_grad``, ``dS`` as fp32 ``(B*H, Nq, Nk)`` (else an empty tensor)."""
     bh, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
@@ -59,8 +87,30 @@ def triton_backward(
         (bh, nq, nk) if bias_grad else (0,), dtype=torch.float32
     )
     with _device_guard(q3):
-        _run(backward_launches(q3, k3, v3, do, dq, dk, dv, ds if bias_grad else dq, c, shift, mask, bias, seed,
-                               heads, t, form, power, dropout_p, causal, bias_grad))
+        _run(
+            backward_launches(
+                q3,
+                k3,
+                v3,
+                do,
+                dq,
+                dk,
+                dv,
+                ds if bias_grad else dq,
+                c,
+                shift,
+                mask,
+                bias,
+                seed,
+                heads,
+                t,
+                form,
+                power,
+                dropout_p,
+                causal,
+                bias_grad,
+            )
+        )
     return dq, dk, dv, ds
 
 
@@ -87,8 +137,9 @@ class TritonAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None,
-                seed: Tensor | None = None):
+    def forward(
+        ctx, q, k, v, bias, act, t: float, allowed, n, dropout_p: float, causal: int | None, seed: Tensor | None = None
+    ):
         B, H, nq, _ = q.shape
         nk, dv = k.shape[-2], v.shape[-1]
         q3, k3, v3, mask, bias4 = kernel_operands(q, k, v, allowed, bias)

@@ -28,6 +28,7 @@ that configuration from then on.
   can be recovered after one, so the check cannot fall back from it; it only
   catches wrong values and Python-level errors (compile errors, out of resources).
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,13 @@ from . import launch
 from .op import TritonAttention, kernel_operands
 
 #: Largest error allowed, relative to the reference's largest value, by dtype (and fp32 precision).
-TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2, ("float32", "ieee"): 1e-4, ("float32", "tf32x3"): 1e-3,
-             ("float32", "tf32"): 2e-2}
+TOLERANCE = {
+    "bfloat16": 5e-2,
+    "float16": 2e-2,
+    ("float32", "ieee"): 1e-4,
+    ("float32", "tf32x3"): 1e-3,
+    ("float32", "tf32"): 2e-2,
+}
 #: Coarse configurations measured on a GPU by scripts/gpu_check.py (``Config`` tuples): none yet.
 MEASURED: frozenset = frozenset()
 #: ``launch_key`` -> verdict, per process.
@@ -91,16 +97,35 @@ def launch_key(q, k, v, act, allowed, bias, dropout_p: float, causal: int | None
     nk, dv = k3.shape[1], v3.shape[2]
     form, power = (int(x) for x in act.fused_form)
     name = f"poly{power}" if form == FusedForm.POLY else FusedForm(form).name.lower()
-    config = Config(str(q.dtype).removeprefix("torch."), d, dv, name, mask is not None, bias4 is not None,
-                    bias4 is not None and bias4.requires_grad and torch.is_grad_enabled(), dropout_p > 0,
-                    causal is not None,
-                    launch.fp32_precision() if q.dtype == torch.float32 else "-", launch.launch_table(), launch.grid_order())
+    config = Config(
+        str(q.dtype).removeprefix("torch."),
+        d,
+        dv,
+        name,
+        mask is not None,
+        bias4 is not None,
+        bias4 is not None and bias4.requires_grad and torch.is_grad_enabled(),
+        dropout_p > 0,
+        causal is not None,
+        launch.fp32_precision() if q.dtype == torch.float32 else "-",
+        launch.launch_table(),
+        launch.grid_order(),
+    )
     threshold = min(int(dropout_p * 2**32), 2**32 - 1)
     tiles = tuple(tuple(launch.launch_config(kernel, q.dtype, d, dv, nq, nk)) for kernel in launch.KERNELS)
     strides = tuple(_int_spec(s) for x in (mask, bias4) for s in launch._broadcast_strides(x))
-    spec = (str(q.device), form, power, float(dropout_p), _int_spec(threshold), max(nq, nk) <= launch.SHORT, tiles,
-            tuple(_int_spec(x) for x in (nq, nk, q.shape[1], d, dv, 0 if causal is None else causal)), strides,
-            tuple(_ptr_spec(x) for x in (q3, k3, v3, mask, bias4)))
+    spec = (
+        str(q.device),
+        form,
+        power,
+        float(dropout_p),
+        _int_spec(threshold),
+        max(nq, nk) <= launch.SHORT,
+        tiles,
+        tuple(_int_spec(x) for x in (nq, nk, q.shape[1], d, dv, 0 if causal is None else causal)),
+        strides,
+        tuple(_ptr_spec(x) for x in (q3, k3, v3, mask, bias4)),
+    )
     return config, spec
 
 
@@ -165,12 +190,16 @@ def _self_check(config: Config, spec: tuple) -> bool:
     batch = 2
     g = torch.Generator().manual_seed(0)  # the default generators are left alone: seeded runs stay repeatable
     aligned = [ptr == "D" for ptr in pointers]
-    q, k, v = (_placed(shape, dtype, device, ok, g) for shape, ok in zip(
-        [(batch, heads, nq, config.d), (batch, heads, nk, config.d), (batch, heads, nk, config.dv)], aligned))
+    q, k, v = (
+        _placed(shape, dtype, device, ok, g)
+        for shape, ok in zip(
+            [(batch, heads, nq, config.d), (batch, heads, nk, config.d), (batch, heads, nk, config.dv)], aligned
+        )
+    )
     allowed = _operand((batch, heads, nq, nk), strides[:4], torch.bool, device, aligned[3], g) if config.mask else None
     bias = _operand((batch, heads, nq, nk), strides[4:], torch.float32, device, aligned[4], g) if config.bias else None
     act = get_activation(config.activation)
-    t = config.d ** -0.5
+    t = config.d**-0.5
     try:
         with torch.enable_grad(), torch.autocast(torch.device(device).type, enabled=False):
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -193,8 +222,10 @@ def _self_check(config: Config, spec: tuple) -> bool:
         for label, a, b in zip(("output", "dq", "dk", "dv", "dbias"), (out, *got), (expected, *want)):
             error = _relative_error(a, b)
             if not error <= tolerance:
-                raise ArithmeticError(f"{label} differs from the blocked kernel's by {error:.3g} of its largest "
-                                      f"value (tolerance {tolerance:g})")
+                raise ArithmeticError(
+                    f"{label} differs from the blocked kernel's by {error:.3g} of its largest "
+                    f"value (tolerance {tolerance:g})"
+                )
     except Exception as error:  # wrong values, a Triton compile error, out of resources...
         warnings.warn(
             f"the Triton attention kernel failed its self-check for {config} ({type(error).__name__}: {error}); "

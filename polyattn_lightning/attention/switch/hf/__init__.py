@@ -20,6 +20,7 @@ Saved models: :func:`set_attention` writes the spec into ``config.polyattn_atten
 
 This package imports transformers; nothing else in the project does unless it is given an HF model.
 """
+
 from __future__ import annotations
 
 import sys
@@ -67,7 +68,8 @@ def set_attention(
             (e.g. training data) gives ``calibrate`` real scores to measure.
         calibrate: also fold one temperature per head into the query projections, chosen so that each layer's
             output starts nearest to the softmax output of the weights it was given
-            (:mod:`~polyattn_lightning.attention.switch.hf.calibration`): once, when switching a pretrained softmax model.
+            (:mod:`~polyattn_lightning.attention.switch.hf.calibration`): once, when switching a pretrained softmax
+            model.
 
     Raises :class:`ConfigError`, leaving the model as it was, when the model's attention does not go through
     transformers' ``AttentionInterface`` in every layer, passes a keyword argument the activation cannot honour,
@@ -109,8 +111,10 @@ def _probe_forward(model: PreTrainedModel, probe: Mapping | Callable[[], object]
     if callable(probe):
         return probe
     if probe is not None and not isinstance(probe, Mapping):
-        raise ConfigError(f"{type(model).__name__}: probe= must be a mapping of the model's keyword arguments or a "
-                          f"callable running one forward, got {type(probe).__name__}")
+        raise ConfigError(
+            f"{type(model).__name__}: probe= must be a mapping of the model's keyword arguments or a "
+            f"callable running one forward, got {type(probe).__name__}"
+        )
     inputs = dict(probe) if probe is not None else _default_probe_inputs(model)
     return lambda: model(**inputs)
 
@@ -175,9 +179,7 @@ def _attention_like(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of modules whose class name contains ``Attention`` and which hold no such module."""
     candidates = [(name, m) for name, m in model.named_modules() if "Attention" in type(m).__name__]
     inner = {id(m) for _, m in candidates}
-    return [
-        (name, m) for name, m in candidates if not any(id(c) in inner for c in m.modules() if c is not m)
-    ]
+    return [(name, m) for name, m in candidates if not any(id(c) in inner for c in m.modules() if c is not m)]
 
 
 # --------------------------------------------------------------------------- switched classes
@@ -199,7 +201,7 @@ def __getattr__(name: str) -> type[SwitchedAttention]:
     """Unpickling finds a switched class by its name: rebuild it from the HF class it names."""
     if not name.startswith(_SWITCHED_PREFIX):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, _, qualname = name[len(_SWITCHED_PREFIX):].replace("__", ".").rpartition(".")
+    module_name, _, qualname = name[len(_SWITCHED_PREFIX) :].replace("__", ".").rpartition(".")
     __import__(module_name)
     return switched_class(getattr(sys.modules[module_name], qualname))
 
@@ -225,4 +227,12 @@ def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs
     return model
 
 
-__all__ = ["CONFIG_KEY", "IMPLEMENTATION", "load_pretrained", "polyattn_attention", "set_attention", "split_mask", "switched_class"]
+__all__ = [
+    "CONFIG_KEY",
+    "IMPLEMENTATION",
+    "load_pretrained",
+    "polyattn_attention",
+    "set_attention",
+    "split_mask",
+    "switched_class",
+]

@@ -18,6 +18,7 @@ it (one forward, not layer after layer).
 Run it once, on pretrained weights: the calibrated model switched back to softmax is softmax at the new
 temperatures, not the pretrained model.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -66,11 +67,18 @@ def best_temperatures(inputs: AttentionInputs, activation: ActivationSpec) -> Te
     """Per head, the grid temperature whose ``phi(t S) v`` is nearest to ``softmax(S) v``; fp64 ``(H,)``."""
     v = inputs.v.double()
     target = attention_map(inputs, "softmax").double() @ v
-    errors = torch.stack([
-        ((attention_map(inputs._replace(temperature=inputs.temperature * float(t)), activation).double() @ v
-          - target) ** 2).sum(dim=(0, 2, 3))
-        for t in TEMPERATURES
-    ])  # (temperatures, heads)
+    errors = torch.stack(
+        [
+            (
+                (
+                    attention_map(inputs._replace(temperature=inputs.temperature * float(t)), activation).double() @ v
+                    - target
+                )
+                ** 2
+            ).sum(dim=(0, 2, 3))
+            for t in TEMPERATURES
+        ]
+    )  # (temperatures, heads)
     return TEMPERATURES[errors.argmin(dim=0)]
 
 
@@ -79,15 +87,19 @@ def _query_projection(module: nn.Module, heads: int, head_dim: int) -> nn.Linear
     name = type(module).__name__
     norms = [norm for norm in QUERY_NORMS if getattr(module, norm, None) is not None]
     if norms:
-        raise ConfigError(f"calibrate: {name} normalises its queries ({norms[0]}), which would undo temperatures "
-                          "folded into its query projection; switch it without calibrate")
+        raise ConfigError(
+            f"calibrate: {name} normalises its queries ({norms[0]}), which would undo temperatures "
+            "folded into its query projection; switch it without calibrate"
+        )
     for attribute in QUERY_PROJECTIONS:
         projection = getattr(module, attribute, None)
         if isinstance(projection, nn.Linear) and projection.out_features == heads * head_dim:
             return projection
-    raise ConfigError(f"calibrate: {name} has no separate query projection (one of {', '.join(QUERY_PROJECTIONS)}: "
-                      f"an nn.Linear with {heads} x {head_dim} outputs) to fold temperatures into; switch it without "
-                      "calibrate")
+    raise ConfigError(
+        f"calibrate: {name} has no separate query projection (one of {', '.join(QUERY_PROJECTIONS)}: "
+        f"an nn.Linear with {heads} x {head_dim} outputs) to fold temperatures into; switch it without "
+        "calibrate"
+    )
 
 
 __all__ = ["QUERY_PROJECTIONS", "TEMPERATURES", "best_temperatures", "fold_temperatures"]

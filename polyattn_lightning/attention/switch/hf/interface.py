@@ -18,6 +18,7 @@ gradient) takes :func:`decode_step`, two products without the general path's per
 refuses, naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a
 non-softmax activation cannot take as they are meant.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -97,8 +98,14 @@ def polyattn_attention(
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
-        if (not causal and q_len <= DECODE_ROWS and not torch.is_grad_enabled() and not dropout
-                and getattr(module, "capture", None) is None and _probe is None):
+        if (
+            not causal
+            and q_len <= DECODE_ROWS
+            and not torch.is_grad_enabled()
+            and not dropout
+            and getattr(module, "capture", None) is None
+            and _probe is None
+        ):
             act = get_activation(spec)
             if not act.is_softmax:
                 return decode_step(query, key, value, act, temperature), None
@@ -149,10 +156,8 @@ def _spec_of(module: nn.Module) -> ActivationSpec:
     return spec
 
 
-
 def register() -> None:
     if AttentionInterface._global_mapping.get(IMPLEMENTATION) is not polyattn_attention:
         AttentionInterface.register(IMPLEMENTATION, polyattn_attention)
         # HF's boolean (B, 1, Q, KV) mask, True = attend; None where SDPA could rely on is_causal or no mask
         AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-

@@ -1,4 +1,5 @@
 """Hugging Face's attention masks as ``attention()`` takes them best."""
+
 from __future__ import annotations
 
 import torch

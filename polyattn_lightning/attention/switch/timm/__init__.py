@@ -39,6 +39,7 @@ To add a timm family:
    ``tables.HAND_SOFTMAX``.
 3. Regenerate the support table: ``python -m polyattn_lightning.bench timm-support --write README.md``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -78,13 +79,16 @@ class AttentionRefused(ConfigError):
         self.unswitched = unswitched
 
 
-def set_attention(model: nn.Module, activation: ActivationSpec, *, strict: bool = True,
-                  probe: Probe | bool | None = None) -> int:
+def set_attention(
+    model: nn.Module, activation: ActivationSpec, *, strict: bool = True, probe: Probe | bool | None = None
+) -> int:
     """Switch every attention of a timm ``model`` (or of any module holding switchable ones) to ``activation``;
     returns how many were switched. The arguments are :func:`polyattn_lightning.attention.set_attention`'s."""
     if isinstance(probe, Mapping):
-        raise ConfigError(f"{type(model).__name__}: probe= is a callable running one forward (a mapping of keyword "
-                          "arguments is for Hugging Face models)")
+        raise ConfigError(
+            f"{type(model).__name__}: probe= is a callable running one forward (a mapping of keyword "
+            "arguments is for Hugging Face models)"
+        )
     return len(switch_modules(model, activation, strict, probe)[0])
 
 
@@ -113,8 +117,12 @@ def switch_modules(model, activation, strict, probe) -> tuple[list[nn.Module], l
                 if not derived:
                     probe_error = err
                     raise
-                log.warning("%s: the probe forward at the model's stated input size failed (%s); only the class "
-                            "tables were checked: pass probe= to set_attention", model_name, _reason(err))
+                log.warning(
+                    "%s: the probe forward at the model's stated input size failed (%s); only the class "
+                    "tables were checked: pass probe= to set_attention",
+                    model_name,
+                    _reason(err),
+                )
                 calls = []
             for call in calls:
                 verdict = probe_verdict(call)
@@ -123,8 +131,10 @@ def switch_modules(model, activation, strict, probe) -> tuple[list[nn.Module], l
         if not found:
             detail = _listed(unswitched.values())
             raise AttentionRefused(
-                f"{model_name} has no attention module set_attention can switch" + (f": {detail}" if detail else "")
-                + " (the support table in the README lists what switches)", list(unswitched.values())
+                f"{model_name} has no attention module set_attention can switch"
+                + (f": {detail}" if detail else "")
+                + " (the support table in the README lists what switches)",
+                list(unswitched.values()),
             )
         if refused and strict:
             raise AttentionRefused(
@@ -143,8 +153,14 @@ def switch_modules(model, activation, strict, probe) -> tuple[list[nn.Module], l
         module.activation_spec = activation
     if unswitched:
         level = logging.WARNING if any(not u.by_decision for u in unswitched.values()) else logging.INFO
-        log.log(level, "%s: %d attention modules switched to %s; stays softmax: %s", model_name, len(found),
-                activation, _listed(unswitched.values()))
+        log.log(
+            level,
+            "%s: %d attention modules switched to %s; stays softmax: %s",
+            model_name,
+            len(found),
+            activation,
+            _listed(unswitched.values()),
+        )
     return [module for module, _ in found], list(unswitched.values())
 
 
@@ -196,8 +212,10 @@ def _raise_if_input_does_not_fit(model: nn.Module, run: Probe) -> None:
     try:
         _probe(model, run)
     except Exception as err:  # noqa: BLE001 - any failure of the unswitched model is the input's
-        raise ProbeInputError(f"{type(model).__name__} cannot run one forward on the probe input, switched or not "
-                              f"({_reason(err)}): build the model for the input size it is given") from err
+        raise ProbeInputError(
+            f"{type(model).__name__} cannot run one forward on the probe input, switched or not "
+            f"({_reason(err)}): build the model for the input size it is given"
+        ) from err
 
 
 def _reason(err: BaseException) -> str:

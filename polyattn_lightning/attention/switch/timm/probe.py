@@ -6,6 +6,7 @@ every softmax-like call (``F.softmax``, ``Tensor.softmax``, ``torch.softmax``, `
 running. ``set_attention`` probes the model after switching it to a non-softmax activation, so any
 call left is softmax outside a switched attention. A softmax written as ``exp() / sum()`` is not seen.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,10 +22,17 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 #: The function names that mean "softmax attention is still computed here".
-RECORDED = frozenset({
-    "softmax", "log_softmax", "softmin", "_softmax", "_log_softmax",
-    "scaled_dot_product_attention", "multi_head_attention_forward",
-})
+RECORDED = frozenset(
+    {
+        "softmax",
+        "log_softmax",
+        "softmin",
+        "_softmax",
+        "_log_softmax",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+    }
+)
 
 
 @dataclass(frozen=True)

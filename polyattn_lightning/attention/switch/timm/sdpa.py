@@ -24,6 +24,7 @@ kinds it hands SDPA. A class is on it only if its SDPA call *is* its attention: 
 mixes a bias with a finite sentinel (Swin's ``-100``, which ``x^3`` would not zero) keeps a class
 off, as does any softmax outside the SDPA call.
 """
+
 from __future__ import annotations
 
 import functools
@@ -99,10 +100,18 @@ _BIAS = frozenset({"bias"})
 
 #: The reviewed list (timm 1.0.31 sources).
 REVIEWED = (
-    Reviewed(timm_attention.Attention, _ANY_MASK, note="ViT, DeiT, deepseek_vit, naflexvit; attn_mask/is_causal from the caller"),
-    Reviewed(timm_attention.AttentionRope, _ANY_MASK, note="RoPE ViTs (naflexvit rope types); GQA heads expanded before SDPA"),
+    Reviewed(
+        timm_attention.Attention,
+        _ANY_MASK,
+        note="ViT, DeiT, deepseek_vit, naflexvit; attn_mask/is_causal from the caller",
+    ),
+    Reviewed(
+        timm_attention.AttentionRope, _ANY_MASK, note="RoPE ViTs (naflexvit rope types); GQA heads expanded before SDPA"
+    ),
     Reviewed(timm_diff_attention.DiffAttention, _ANY_MASK, note="both maps switched: phi(S1) v - lambda phi(S2) v"),
-    Reviewed(vision_transformer.ParallelScalingBlock, _ANY_MASK, note="ViT parallel blocks (the block holds the attention)"),
+    Reviewed(
+        vision_transformer.ParallelScalingBlock, _ANY_MASK, note="ViT parallel blocks (the block holds the attention)"
+    ),
     Reviewed(vision_transformer.DiffParallelScalingBlock, _ANY_MASK, note="both maps switched"),
     Reviewed(timm_attention2d.MultiQueryAttention2d, _ANY_MASK, note="MobileNetV5 multi-query attention"),
     Reviewed(timm_attention2d.Attention2d, _ANY_MASK),
@@ -130,8 +139,9 @@ REVIEWED = (
     Reviewed(iformer.SHMA),
     Reviewed(lowformer.ConvAttention),
     Reviewed(fastvit.Attention),
-    Reviewed(xcit.XCA, note="the d x d channel map; learnable temperature folded into q (scale=1)",
-             map_layout="channels"),
+    Reviewed(
+        xcit.XCA, note="the d x d channel map; learnable temperature folded into q (scale=1)", map_layout="channels"
+    ),
 )
 
 
@@ -142,8 +152,14 @@ _RUNNING: list[SwitchedAttention] = []
 
 
 def _sdpa(
-    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention``'s signature and meaning, computed by the running module's activation."""
     module = _RUNNING[-1]
@@ -194,7 +210,9 @@ def _as_4d(tensors: tuple[Tensor, ...], masks: dict[str, Tensor]) -> tuple[tuple
     if dim == 4:
         return tensors, masks
     if dim == 3:
-        return tuple(t.unsqueeze(1) for t in tensors), {n: m.unsqueeze(1) if m.dim() == 3 else m for n, m in masks.items()}
+        return tuple(t.unsqueeze(1) for t in tensors), {
+            n: m.unsqueeze(1) if m.dim() == 3 else m for n, m in masks.items()
+        }
     if dim == 5 and all(m.dim() <= 2 for m in masks.values()):
         return tuple(t.movedim(1, 2).flatten(0, 1) for t in tensors), masks
     raise ValueError(f"scaled_dot_product_attention on {dim}-D inputs with masks {list(masks)}: not supported")
@@ -209,7 +227,8 @@ def _from_4d(out: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _stand_in(real: types.ModuleType, **overrides) -> types.ModuleType:
-    """A module object holding ``real``'s attributes with ``overrides``: what a rebuilt forward sees as ``F``/``torch``."""
+    """A module object holding ``real``'s attributes with ``overrides``: what a rebuilt forward sees as
+    ``F``/``torch``."""
     module = types.ModuleType(f"{__name__}.{real.__name__}")
     module.__dict__.update({k: v for k, v in vars(real).items() if k not in ("__name__", "__spec__", "__loader__")})
     module.__dict__.update(overrides)
@@ -219,12 +238,17 @@ def _stand_in(real: types.ModuleType, **overrides) -> types.ModuleType:
 _FUNCTIONAL = _stand_in(nn.functional, scaled_dot_product_attention=_sdpa)
 _NN = _stand_in(nn, functional=_FUNCTIONAL)
 _TORCH = _stand_in(torch, nn=_NN)
-_STAND_INS = {id(nn.functional): _FUNCTIONAL, id(nn): _NN, id(torch): _TORCH,
-              id(nn.functional.scaled_dot_product_attention): _sdpa}
+_STAND_INS = {
+    id(nn.functional): _FUNCTIONAL,
+    id(nn): _NN,
+    id(torch): _TORCH,
+    id(nn.functional.scaled_dot_product_attention): _sdpa,
+}
 
 
 def _rebuilt(fn: types.FunctionType) -> types.FunctionType:
-    """``fn`` with every global bound to torch, torch.nn, torch.nn.functional or SDPA itself replaced by its stand-in."""
+    """``fn`` with every global bound to torch, torch.nn, torch.nn.functional or SDPA itself replaced by its
+    stand-in."""
     globals_ = dict(fn.__globals__)
     globals_.update({name: _STAND_INS[id(value)] for name, value in fn.__globals__.items() if id(value) in _STAND_INS})
     rebuilt = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -251,14 +275,18 @@ def _generic_adapter(entry: Reviewed) -> type[SwitchedAttention]:
     this module under that name, so a switched model pickles."""
     cls = entry.cls
     name = f"Switched_{cls.__module__.rsplit('.', 1)[-1]}_{cls.__qualname__}"
-    adapter = type(name, (SwitchedAttention, cls), {
-        "forward": _switched_forward(cls.forward),
-        "_sdpa_masks": entry.masks,
-        "map_layout": entry.map_layout,
-        "__module__": __name__,
-        "__qualname__": name,
-        "__doc__": f"{entry.name} on the registry activation (generic switch). {entry.note}",
-    })
+    adapter = type(
+        name,
+        (SwitchedAttention, cls),
+        {
+            "forward": _switched_forward(cls.forward),
+            "_sdpa_masks": entry.masks,
+            "map_layout": entry.map_layout,
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"{entry.name} on the registry activation (generic switch). {entry.note}",
+        },
+    )
     globals()[name] = adapter
     return adapter
 

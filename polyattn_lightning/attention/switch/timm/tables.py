@@ -5,6 +5,7 @@ softmax over dot products of tokens (never switched), attention pooling heads (s
 log line, never a refusal), and hand-computed softmax that has no adapter yet (refused by class, so also where
 no probe forward runs).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,18 @@ from .probe import SoftmaxCall
 #: Softmax that is not attention over tokens (dot products of queries and keys): never switched.
 NOT_TOKEN_ATTENTION: dict[type[nn.Module], str] = {
     split_attn.SplitAttn: "split attention (softmax over the radix groups of channels), not attention over tokens",
-    selective_kernel.SelectiveKernelAttn: "selective-kernel attention (softmax over kernel branches), not attention over tokens",
+    selective_kernel.SelectiveKernelAttn: (
+        "selective-kernel attention (softmax over kernel branches), not attention over tokens"
+    ),
     swiftformer.EfficientAdditiveAttention: "additive attention (one learned global query), not dot-product attention",
     coat.FactorAttnConvRelPosEnc: "factorised attention (softmax over keys, then k^T v), not a dot-product map",
-    volo.OutlookAttention: "outlook attention (weights made by a linear layer, no q k^T); VOLO's class attention is another class",
+    volo.OutlookAttention: (
+        "outlook attention (weights made by a linear layer, no q k^T); VOLO's class attention is another class"
+    ),
     efficientvit_mit.LiteMLA: "LiteMLA is already linear (ReLU) attention; it has no softmax to switch",
-    mobilevit.LinearSelfAttention: "MobileViTv2's separable linear attention (softmax over one context vector), not q k^T",
+    mobilevit.LinearSelfAttention: (
+        "MobileViTv2's separable linear attention (softmax over one context vector), not q k^T"
+    ),
     lambda_layer.LambdaLayer: "lambda layer (softmax over keys, then k^T v), not a dot-product map",
     global_context.GlobalContext: "global-context pooling (softmax over positions of one learned score)",
     efficientvim.HSMSSD: "hidden-state mixer of a state-space model, not attention",
@@ -47,16 +54,21 @@ NOT_TOKEN_ATTENTION: dict[type[nn.Module], str] = {
 
 #: Attention pooling heads: they stay softmax by decision (named in the log line, never a refusal).
 POOLING_HEADS: tuple[type[nn.Module], ...] = (
-    attention_pool.AttentionPoolLatent, attention_pool.AttentionPoolPrr,
-    attention_pool2d.AttentionPool2d, attention_pool2d.RotAttentionPool2d,
-    other_pool.SimPool1d, other_pool.SimPool2d,
+    attention_pool.AttentionPoolLatent,
+    attention_pool.AttentionPoolPrr,
+    attention_pool2d.AttentionPool2d,
+    attention_pool2d.RotAttentionPool2d,
+    other_pool.SimPool1d,
+    other_pool.SimPool2d,
 )
 
 #: timm classes that compute softmax attention by hand and have no adapter in ``families/`` (its package
 #: docstring says why): refused by class, so also where no probe forward runs. A class that gets an adapter
 #: leaves this list (``tests/attention/switch/test_timm_refusals.py`` checks that none is on both).
 HAND_SOFTMAX: tuple[type[nn.Module], ...] = (
-    mvitv2.MultiScaleAttentionPoolFirst, non_local_attn.NonLocalAttn, attention2d.MultiQueryAttentionV2,
+    mvitv2.MultiScaleAttentionPoolFirst,
+    non_local_attn.NonLocalAttn,
+    attention2d.MultiQueryAttentionV2,
 )
 
 
@@ -88,7 +100,11 @@ def static_verdict(module: nn.Module) -> tuple[str, bool] | None:
     if cls in HAND_SOFTMAX:
         return "computes softmax by hand; no adapter in attention/switch/timm/families yet", False
     if hasattr(module, "fused_attn"):
-        return "runs softmax attention (timm's fused_attn flag) but is not on the reviewed list (switch/timm/sdpa.py's REVIEWED)", False
+        return (
+            "runs softmax attention (timm's fused_attn flag) but is not on the reviewed list "
+            "(switch/timm/sdpa.py's REVIEWED)",
+            False,
+        )
     return None
 
 

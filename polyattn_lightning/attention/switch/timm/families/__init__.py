@@ -2,7 +2,8 @@
 
 Each module registers its adapters with ``@register_adapter(TimmClass)``
 (:func:`polyattn_lightning.attention.switch.base.register_adapter`) when this package imports it (the list at
-the bottom: add a new family's module there). Each adapter is the smallest subclass of timm's class: projections, norms, pooling and
+the bottom: add a new family's module there). Each adapter is the smallest subclass of timm's class: projections,
+norms, pooling and
 position terms are timm's (its helpers where it has them); only ``softmax(S) @ v``
 goes through ``attention()`` (``SwitchedAttention._attend``), so the fused kernels,
 masks and the ``capture`` hook apply. N below is the length ``N`` of the scales.
@@ -50,7 +51,8 @@ Hand-computed softmax in timm 1.0.31 that is not adapted, and why:
   ``efficientvim`` (a state-space mixer, learned mixing weights);
 * built by no registered model: ``layers.NonLocalAttn`` (``attn_layer='nl'`` on request only),
   ``layers.MultiQueryAttentionV2``, ``mvitv2.MultiScaleAttentionPoolFirst`` (``pool_first``; its
-  1.0.31 forward also fails: q times an untransposed k) -- ``switch/timm/tables.py``'s ``HAND_SOFTMAX`` refuses them by class;
+  1.0.31 forward also fails: q times an untransposed k) -- ``switch/timm/tables.py``'s ``HAND_SOFTMAX`` refuses them
+  by class;
 * outside ``forward``: ``convit``'s ``get_attention_map`` methods (timm's own softmax diagnostics).
 
 The classes with an SDPA path (``fused_attn``: BEiT, EVA, MaxViT, PVT v2, Twins, DaViT's windows,
@@ -60,6 +62,7 @@ pooling heads stay softmax by decision (``switch/timm/tables.py``'s ``POOLING_HE
 An adapter whose map is not over tokens sets ``map_layout`` (``"channels"``, ``"shifted_windows"``), which the
 attention-map pictures read.
 """
+
 from . import (  # noqa: F401  (each registers its adapters)
     byoanet,
     cait,

@@ -1,4 +1,5 @@
 """What several hand-computed timm families share: Swin's window masks, talking-heads attention, no dropout."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

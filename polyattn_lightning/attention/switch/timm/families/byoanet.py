@@ -9,6 +9,7 @@ The relative-position logits ``pos_embed(q)`` depend on the query: a full ``attn
   diagnostic's "head" is a block. timm zero-pads the border windows and attends the padding (softmax
   counts it); so does the switched layer: N = the window size, a padded key has v = 0.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F

@@ -1,4 +1,5 @@
 """CaiT (``timm.models.cait``): talking-heads self-attention (its class attention is the generic switch's)."""
+
 from __future__ import annotations
 
 from timm.models.cait import TalkingHeadAttn
@@ -21,7 +22,13 @@ class CaiTTalkingHeadAttention(SwitchedAttention, TalkingHeadAttn):
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
         x = talking_heads(
-            self, q, k, v, self.scale, self.proj_l.weight,
-            mix_before=lambda a: mix_heads(self.proj_l, a), mix_after=lambda a: mix_heads(self.proj_w, a),
+            self,
+            q,
+            k,
+            v,
+            self.scale,
+            self.proj_l.weight,
+            mix_before=lambda a: mix_heads(self.proj_l, a),
+            mix_after=lambda a: mix_heads(self.proj_w, a),
         )
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))

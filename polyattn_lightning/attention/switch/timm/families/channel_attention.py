@@ -6,6 +6,7 @@
 * EdgeNeXt (``timm.models.edgenext``) ``CrossCovarianceAttn``: XCA, L2-normalised q and k, the learned
   per-head temperature folded into q (``attention()`` gets 1, so it keeps its gradient).
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F

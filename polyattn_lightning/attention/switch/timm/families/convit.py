@@ -8,9 +8,11 @@ dropped. Why: ``P`` holds no query or key (it is a learned locality prior, ``-|d
 ``x^3`` or ReLU would wipe out the locality), and dividing by the row sum of a non-softmax map would
 bring back the normalisation being replaced (and divide by ~0). With softmax the renormalisation is the
 identity, so a switched ``softmax`` gives timm's outputs. So a poly3 GPSA still calls softmax once, on
-``P`` (``keeps_softmax`` tells ``set_attention``'s probe so: it is named in the log line); ``capture`` sees the content map, and ``attention_map(...) @ v`` is the content term before the
+``P`` (``keeps_softmax`` tells ``set_attention``'s probe so: it is named in the log line); ``capture`` sees the
+content map, and ``attention_map(...) @ v`` is the content term before the
 gate.
 """
+
 from __future__ import annotations
 
 import torch

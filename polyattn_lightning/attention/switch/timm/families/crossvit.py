@@ -1,4 +1,5 @@
 """CrossViT (``timm.models.crossvit``): cross attention, the class token of one branch queries the other's tokens."""
+
 from __future__ import annotations
 
 from timm.models.crossvit import CrossAttention

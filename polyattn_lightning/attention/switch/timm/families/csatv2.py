@@ -7,6 +7,7 @@ sample's keys and the softmax runs over the samples of the batch, not over posit
 its weights were trained that way): one head, the B samples are the tokens, the N positions the feature
 dimension, no score scale (temperature 1), and N in the length scale is the batch size.
 """
+
 from __future__ import annotations
 
 from timm.models.csatv2 import SpatialTransformerBlock

@@ -1,4 +1,5 @@
 """EfficientFormer (``timm.models.efficientformer``): the last stage's attention with learned biases."""
+
 from __future__ import annotations
 
 from timm.models.efficientformer import Attention

@@ -4,6 +4,7 @@
 the head axis), N = the tokens of the (strided) feature map. ``Attention2dDownsample``: queries on the
 half-resolution grid attend every token of the full one (Nq = N / 4, N = Nk), biases as ``attn_bias``.
 """
+
 from __future__ import annotations
 
 from timm.models.efficientformer_v2 import Attention2d, Attention2dDownsample
@@ -30,8 +31,14 @@ class EfficientFormerV2Attention(SwitchedWithoutDropout, Attention2d):
         v = self.v(x)
         v_local, v = self.v_local(v), _heads(v, self.num_heads, self.N)
         x = talking_heads(
-            self, q, k, v, self.scale, self.talking_head1.weight[:, :, 0, 0],
-            mix_before=self.talking_head1, mix_after=self.talking_head2,
+            self,
+            q,
+            k,
+            v,
+            self.scale,
+            self.talking_head1.weight[:, :, 0, 0],
+            mix_before=self.talking_head1,
+            mix_after=self.talking_head2,
             attn_bias=self.get_attention_biases(x.device)[None],
         )
         x = x.transpose(2, 3).reshape(B, self.dh, self.resolution[0], self.resolution[1]) + v_local

@@ -5,6 +5,7 @@ head and ``capture`` is called once per head, each with one head. The bias ``att
 is ``attn_bias``. N = the window's tokens: timm's ``LocalWindowAttention`` zero-pads the feature map to
 whole windows and attends the padding too (softmax counts it), and so does the switched layer.
 """
+
 from __future__ import annotations
 
 import torch

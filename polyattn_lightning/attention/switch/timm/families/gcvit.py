@@ -1,4 +1,5 @@
 """GCViT (``timm.models.gcvit``): window attention, local or with the stage's global query."""
+
 from __future__ import annotations
 
 from timm.models.gcvit import WindowAttentionGlobal

@@ -4,6 +4,7 @@ The bias ``attention_biases[:, idxs]`` is ``attn_bias``. ``AttentionDownsample``
 subsampled grid, the keys the full one (Nq != Nk; N = Nk). Both the linear (``levit_*``) and the
 convolutional (``levit_conv_*``, ``use_conv``) layouts are switched.
 """
+
 from __future__ import annotations
 
 from timm.models.levit import Attention, AttentionDownsample

@@ -7,6 +7,7 @@ N in the length scale is the number of pooled keys (class token included). The r
 Not adapted: ``MultiScaleAttentionPoolFirst`` (``pool_first=True``): no registered model builds it, and
 its 1.0.31 forward multiplies q by an untransposed k, which fails for every shape but ``Nk == heads``.
 """
+
 from __future__ import annotations
 
 from timm.models.mvitv2 import MultiScaleAttention, cal_rel_pos_type, reshape_post_pool, reshape_pre_pool

@@ -1,4 +1,5 @@
 """SHViT (``timm.models.shvit``): single-head self-attention on a slice of the channels."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ timm adds its 0/-100 shift mask to the position bias before the softmax, and ``x
 the bias goes to ``attention()`` as ``attn_bias`` and the mask as ``attn_mask``, so a masked pair contributes
 exactly nothing and N counts the window's unmasked keys.
 """
+
 from __future__ import annotations
 
 from timm.models.swin_transformer import WindowAttention

@@ -6,6 +6,7 @@ the continuous position bias ``B`` (the meta-MLP's) is ``attn_bias``; the 0/-100
 ``attn_mask``: for a non-softmax activation a masked pair contributes exactly zero and N counts the
 unmasked keys of the window.
 """
+
 from __future__ import annotations
 
 import math

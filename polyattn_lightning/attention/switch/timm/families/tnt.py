@@ -1,4 +1,5 @@
 """TNT (``timm.models.tnt``): the same attention class for the inner (pixel) and outer (patch) transformers."""
+
 from __future__ import annotations
 
 from timm.models.tnt import Attention

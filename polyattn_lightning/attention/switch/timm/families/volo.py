@@ -1,4 +1,5 @@
 """VOLO (``timm.models.volo``): its class-attention blocks (the outlook attention is no dot-product attention)."""
+
 from __future__ import annotations
 
 from timm.models.volo import ClassAttention
