@@ -40,6 +40,8 @@ from .calibration import fold_temperatures
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
 
+interface.register()  # a switched model unpickled in a new process finds its attention function registered
+
 #: The config attribute that stores the activation spec (saved by ``save_pretrained``).
 CONFIG_KEY = "polyattn_attention"
 #: Tokens per row of the probe forward (a few, so a causal model has more than one query row).
@@ -87,7 +89,6 @@ def set_attention(
                 "ALL_ATTENTION_FUNCTIONS.get_interface, e.g. BERT, ViT, Llama, Qwen2, Mistral, GPT-2)"
             )
     run = _probe_forward(model, probe)
-    interface.register()
     previous = model.config._attn_implementation
     model.set_attn_implementation(IMPLEMENTATION)
     try:
