@@ -20,11 +20,7 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return deprecated.attribute(__name__, name, _LAZY)
 
 
 __all__ = ["get_activation", "kernel_choice", "register_activation", "set_attention"]

@@ -164,8 +164,11 @@ def install() -> None:
         sys.meta_path.append(AliasFinder())
 
 
-def attribute(module: str, name: str):
-    """A moved name of a module that still exists (its ``__getattr__`` asks here), with the deprecation line."""
+def attribute(module: str, name: str, lazy: dict[str, str] | None = None):
+    """A package ``__getattr__``'s answer: a name of ``lazy`` (name -> the module it is imported from on first use),
+    or a moved name of a module that still exists, with the deprecation line."""
+    if lazy and name in lazy:
+        return getattr(importlib.import_module(lazy[name]), name)
     moved = MOVED_ATTRIBUTES.get((module, name))
     if moved is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -32,11 +32,7 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    return deprecated.attribute(__name__, name)
+    return deprecated.attribute(__name__, name, _LAZY)
 
 
 __all__ = [

@@ -146,7 +146,7 @@ class DetectionModule(TaskModule):
         preprocessor.to(self.device)  # mmengine keeps its own device record, which Lightning's .to() never sets
         return preprocessor(batch, training)
 
-    # ---- attention diagnostics (callbacks/attention_norms.py, attention_maps.py) ------------------
+    # ---- attention diagnostics (diagnostics/, through callbacks.AttentionNorms and AttentionMaps) ------------------
 
     def attention_probe(self, batch: dict, size: int) -> Tensor:
         """The diagnostics' probe: the first ``size`` images of a batch, preprocessed as for evaluation."""

@@ -3,7 +3,7 @@
 The model comes from a local folder (``model``: a path or ``package:<name>``, loaded with
 ``local_files_only=True``; a pretrained softmax model fine-tunes with any activation) or is built from a
 config (``hf_config``: a mapping with ``model_type``, e.g. a tiny Llama, random init). Either way the base
-switches its attention with ``set_attention`` (``attention/hf.py``) right after building. The config the model
+switches its attention with ``set_attention`` (``attention/switch/hf/``) right after building. The config the model
 was built with is stored in the hyperparameters as a plain dict (``built_config``), so the Lightning checkpoint
 rebuilds the model without the folder and stays ``weights_only``-loadable. ``set_attention``'s probe forward runs
 on the first training samples; with ``calibrate_attention`` it also fits per-head temperatures there (once, on the

@@ -43,6 +43,11 @@ class KernelInputs(NamedTuple):
         return self.masks.causal
 
     @property
+    def tiled(self) -> tuple:
+        """``(q, k, v, act, t, allowed, bias, n, dropout_p, causal)``: what the tiled kernels' functions take."""
+        return self.q, self.k, self.v, self.act, self.t, self.allowed, self.bias, self.n, self.dropout_p, self.causal
+
+    @property
     def key_padding_only(self) -> bool:
         """``allowed`` depends on the key alone (``(B?, 1, 1, Nk)``: key padding), or there is none."""
         allowed = self.masks.allowed

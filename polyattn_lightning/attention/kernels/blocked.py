@@ -345,8 +345,7 @@ class Blocked(Backend):
         return elementwise_reasons(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
-        i = inputs
-        return blocked(i.q, i.k, i.v, i.act, i.t, i.allowed, i.bias, i.n, i.dropout_p, i.causal)
+        return blocked(*inputs.tiled)
 
 
 BACKEND = Blocked()

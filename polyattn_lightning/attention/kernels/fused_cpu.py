@@ -230,8 +230,7 @@ class FusedCPU(Backend):
         return reasons
 
     def forward(self, inputs: KernelInputs) -> Tensor:
-        i = inputs
-        return fused_cpu(i.q, i.k, i.v, i.act, i.t, i.allowed, i.bias, i.n, i.dropout_p, i.causal)
+        return fused_cpu(*inputs.tiled)
 
 
 BACKEND = FusedCPU()

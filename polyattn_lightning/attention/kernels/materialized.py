@@ -39,8 +39,7 @@ class Materialized(Backend):
         return elementwise_reasons(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
-        i = inputs
-        return materialized(i.q, i.k, i.v, i.act, i.t, i.allowed, i.bias, i.n, i.dropout_p, i.causal)
+        return materialized(*inputs.tiled)
 
 
 BACKEND = Materialized()

@@ -134,8 +134,7 @@ class Triton(Backend):
     def forward(self, inputs: KernelInputs) -> Tensor:
         from .op import triton_attention
 
-        i = inputs
-        return triton_attention(i.q, i.k, i.v, i.act, i.t, i.allowed, i.bias, i.n, i.dropout_p, i.causal)
+        return triton_attention(*inputs.tiled)
 
 
 BACKEND = Triton()
