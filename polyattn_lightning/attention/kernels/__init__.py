@@ -24,10 +24,15 @@ returns ``v``'s dtype, and has a hand-written backward that is differentiable on
 raises rather than being wrong).
 
 To add a backend: a module here with a :class:`~.base.Backend` subclass (``name``, ``supports``,
-``not_supported_reasons`` naming each input it refuses, ``forward``) and ``BACKEND = YourBackend()``; put it
-in :data:`PRIORITY` where ``auto`` should try it, and add its refusals to
-``tests/attention/kernels/test_kernel_interface.py``. To add a fused activation form: see
-:mod:`polyattn_lightning.attention.forms`.
+``not_supported_reasons`` naming each input it refuses, ``forward``) and ``BACKEND = YourBackend()``; add it
+to :data:`BACKENDS` where ``auto`` should try it (that order is :data:`PRIORITY`), and add its refusals to
+``tests/attention/kernels/test_kernel_interface.py``.
+
+To add a fused activation form (one the fused kernels compute in place, like ``relu``): a member of
+:class:`~polyattn_lightning.attention.forms.FusedForm`, its ``f`` and ``f'`` in ``csrc/fused_cpu.cpp``
+(``enum Form``), in ``triton/jit.py`` (``_phi``, ``_dphi``, by its ``tl.constexpr``) and, if it has an
+in-place form, in ``blocked.py``'s ``phi_``; the activation's factory sets ``kernel=("<name>",)``
+(``attention/registry.py``). ``tests/attention/test_forms.py`` checks the C++ enum against the table.
 """
 
 from __future__ import annotations
