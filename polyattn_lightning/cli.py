@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
 from .callbacks.progress import StepsRichProgressBar
-from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, drop_restated, resolve_checkpoint_monitor
+from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, merge_callbacks, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
 from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
 from .distributed import distributed_teardown
@@ -239,6 +239,11 @@ def is_lightning_checkpoint(path: str | os.PathLike) -> bool:
     return isinstance(checkpoint, dict) and "state_dict" in checkpoint
 
 
+def as_list(value) -> list:
+    """A ``trainer.callbacks`` value as a list (None: empty; one callback: a list of it)."""
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
 def init_args(component) -> dict:
     """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
     args = component.get("init_args") if hasattr(component, "get") else None
@@ -322,32 +327,45 @@ class PolyattnCLI(LightningCLI):
             off.add("lr_monitor")  # LearningRateMonitor raises without a logger
         return off
 
-    def drop_restated_callbacks(self, config) -> None:
-        """A standard callback also listed in ``trainer.callbacks`` (a ``config.yaml`` saved before they were
-        standard) is dropped there, with a warning naming its short key: never two ``ExactResume``."""
-        listed = config.trainer.get("callbacks")
-        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
-        entries = [
-            (class_from_path(item.get("class_path")), init_args(item)) if hasattr(item, "get") else (None, {})
-            for item in listed
-        ]
-        standard = {key: init_args({"init_args": config.get(key)}) for key in STANDARD_KEYS}
-        dropped, messages = drop_restated(entries, standard, self.standard_off(config))
-        for message in messages:
-            warnings.warn(message, UserWarning, stacklevel=1)
-        if dropped:
-            config.trainer.callbacks = [item for index, item in enumerate(listed) if index not in dropped]
+    def given_short_keys(self, config) -> set[str]:
+        """The standard callbacks' short keys this run gives: named on the command line, or set (by a config file)
+        to other than their defaults, the best checkpoint's monitor being the task's by default."""
+        named = {key for key in STANDARD_KEYS if any(re.match(rf"--{key}(\.|=|$)", arg) for arg in self.given_args)}
+        defaults = self._parser(self.subcommand).get_defaults()
+        default_checkpoint = init_args({"init_args": defaults.get("checkpoint")})
+        resolve_checkpoint_monitor(default_checkpoint, class_from_path(config.model.get("class_path")))
+        changed = {
+            key
+            for key in STANDARD_KEYS
+            if init_args({"init_args": config.get(key)})
+            != (default_checkpoint if key == "checkpoint" else init_args({"init_args": defaults.get(key)}))
+        }
+        return named | changed
 
     def instantiate_trainer(self, **kwargs: Any):
-        """The trainer with the standard callbacks this run does not leave out (:meth:`standard_off`)."""
+        """The trainer with the user's ``trainer.callbacks`` and the standard callbacks this run does not leave out
+        (:meth:`standard_off`), merged by their identity (:func:`~.callbacks.standard.merge_callbacks`, one info
+        line per decision). A listed entry left out for its short key is removed from the config the run saves,
+        so that config resumes with the same callbacks."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         off = self.standard_off(config)
-        callbacks = [
-            self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys if key not in off
-        ]
+        standard = {
+            key: self._get(self.config_init, key)
+            for key in self._parser(self.subcommand).callback_keys
+            if key not in off
+        }
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        listed = trainer_config.get("callbacks")
-        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        listed, entries = as_list(trainer_config.get("callbacks")), as_list(config.trainer.get("callbacks"))
+        settings = {key: init_args({"init_args": config.get(key)}) for key in standard}
+        entry_args = [init_args(entry) for entry in entries] if len(entries) == len(listed) else [{}] * len(listed)
+        merged = merge_callbacks(standard, list(zip(listed, entry_args)), settings, self.given_short_keys(config))
+        for message in merged.messages:
+            rank_zero_info(message)
+        if merged.dropped:
+            config.trainer.callbacks = [entry for index, entry in enumerate(entries) if index not in merged.dropped]
+        listed = [callback for index, callback in enumerate(listed) if index not in merged.dropped]
+        trainer_config["callbacks"] = listed
+        callbacks = [callback for key, callback in standard.items() if key not in merged.off]
         if (
             trainer_config.get("enable_progress_bar") is not False
             and RICH_AVAILABLE
@@ -411,9 +429,8 @@ class PolyattnCLI(LightningCLI):
         checkpoint log to
         :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
-        file. The best checkpoint's monitor defaults to the task's; standard callbacks restated in
-        ``trainer.callbacks`` are dropped. Then :func:`check_config`, so a bad name or path stops the run before
-        any model is built."""
+        file. The best checkpoint's monitor defaults to the task's. Then :func:`check_config`, so a bad name or path
+        stops the run before any model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         logger, files = config.trainer.logger, config.get("config")
         model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
@@ -437,7 +454,6 @@ class PolyattnCLI(LightningCLI):
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
         resolve_task_defaults(config)
-        self.drop_restated_callbacks(config)
         check_config(config)
 
     def instantiate_classes(self) -> None:

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import write_jpeg
 from training_helpers import CONFIGS, QUICKSTART, experiment_configs, fit
 
 from polyattn_lightning.attention import attention_modules
+from polyattn_lightning.callbacks import AttentionNorms
 from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.data.lra.base import seeded_split
 from polyattn_lightning.errors import ConfigError
@@ -146,6 +148,10 @@ def test_an_old_run_resumes_from_its_saved_config_and_checkpoint(tmp_path, monke
                   "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1")
     assert run.trainer.global_step == 4
     assert run.model.optim.lr == 2e-3 and "recipe" not in run.model.hparams  # mapped onto the new keys
+    # the callbacks it lists run, as they ran (its plain last ModelCheckpoint, not the standard LastCheckpoint)
+    names = sorted(type(cb).__name__ for cb in run.trainer.callbacks if isinstance(cb, ModelCheckpoint))
+    assert names == ["ModelCheckpoint", "ModelCheckpoint"]
+    assert [cb.every_n_steps for cb in run.trainer.callbacks if isinstance(cb, AttentionNorms)] == [50]
     saved = load_checkpoint(tmp_path / "runs" / "old_run" / "version_0" / "checkpoints" / "last.ckpt")
     assert saved["hyper_parameters"]["optim"]["lr"] == 2e-3 and "recipe" not in saved["hyper_parameters"]
 
