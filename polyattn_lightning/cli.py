@@ -278,13 +278,66 @@ def activation_label(spec) -> str:
     return re.sub(r"[^\w.=-]+", "", label)
 
 
+def checkpoint_run_dir(ckpt_path: str | os.PathLike) -> Path:
+    """The run folder a checkpoint belongs to: the folder above its ``checkpoints/``, else its own folder."""
+    ckpt = Path(ckpt_path)
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
 def evaluation_dir(ckpt_path: str, subcommand: str) -> tuple[Path, str]:
     """Where ``validate``/``test``/``predict`` of a checkpoint write: ``(folder, name)`` of
-    ``<run>/<subcommand>_<checkpoint stem>``, ``<run>`` being the folder above the checkpoint's ``checkpoints/``
-    (else the checkpoint's own folder)."""
-    ckpt = Path(ckpt_path)
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return run_dir, f"{subcommand}_{ckpt.stem}"
+    ``<run>/<subcommand>_<checkpoint stem>`` (:func:`checkpoint_run_dir`), or ``..._2``, ``..._3``... when an
+    earlier call wrote that folder: one folder per call, never overwritten (predictions included)."""
+    run_dir, stem = checkpoint_run_dir(ckpt_path), f"{subcommand}_{Path(ckpt_path).stem}"
+    name, count = stem, 1
+    while (run_dir / name).exists():
+        count += 1
+        name = f"{stem}_{count}"
+    return run_dir, name
+
+
+#: The verbs that evaluate a checkpoint, which can take their config from the checkpoint's run.
+EVALUATION_VERBS = ("validate", "test", "predict")
+
+
+def saved_run_config(args: list[str]) -> Path | None:
+    """For ``validate``/``test``/``predict --ckpt_path <run>/checkpoints/<name>.ckpt`` given without ``--config``
+    or ``--model``: the config that run saved beside it (``<run>/config.yaml``, or the newest ``config.<n>.yaml`` a
+    resumed run wrote), else None."""
+    if not args or args[0] not in EVALUATION_VERBS:
+        return None
+    options = [arg.split("=", 1)[0] for arg in args[1:]]
+    if any(option in ("--config", "-c", "--model", "--model.class_path") for option in options):
+        return None
+    paths = [value for flag, value in zip(args, args[1:]) if flag == "--ckpt_path"]
+    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--ckpt_path=")]
+    if not paths or not Path(paths[-1]).is_file():
+        return None
+    run_dir = checkpoint_run_dir(paths[-1])
+    saved = [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
+    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0, default=None)
+
+
+def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str], list[str]]:
+    """``args`` with each ``--model[.init_args].<old>...`` option of ``renamed`` (old path -> new path) spelled
+    with its new path, and one deprecation line for each."""
+    if not renamed:
+        return args, []
+    pattern = re.compile(
+        r"--model\.(init_args\.)?(" + "|".join(re.escape(old) for old in renamed) + r")(?=[.=]|$)(.*)", re.DOTALL
+    )
+    rewritten, messages = [], []
+    for arg in args:
+        match = pattern.fullmatch(arg)
+        if match is None:
+            rewritten.append(arg)
+            continue
+        prefix, old, rest = match.groups()
+        new = f"--model.{prefix or ''}{renamed[old]}{rest}"
+        rewritten.append(new)
+        given, used = arg.split("=", 1)[0], new.split("=", 1)[0]
+        messages.append(f"{given} is deprecated: it is {used} now (given as that)")
+    return rewritten, messages
 
 
 class PolyattnCLI(LightningCLI):
@@ -375,11 +428,34 @@ class PolyattnCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
+        """Parse, first reading :func:`saved_run_config` in for ``validate``/``test``/``predict`` of a checkpoint
+        given without a config; then, where the model's class renames init arguments (``renamed_args``), parse
+        again with each deprecated key given on the command line read as its new one (:func:`renamed_options`),
+        so it overrides that one field where the config sets the new key."""
         self.given_args = (
             [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
         )
         check_yaml_syntax(self.given_args)
+        saved = saved_run_config(self.given_args)
+        if saved is not None:
+            rank_zero_info(
+                f"{self.given_args[0]}: no --config given: using {saved}, the config of the checkpoint's run"
+            )
+            args = self.given_args = [self.given_args[0], "--config", str(saved), *self.given_args[1:]]
         super().parse_arguments(parser, args)
+        if not self.given_args:
+            return
+        subcommand = self.config.get("subcommand")
+        model = (self.config[subcommand] if subcommand else self.config).get("model")
+        renamed = getattr(
+            class_from_path(model.get("class_path") if hasattr(model, "get") else None), "renamed_args", {}
+        )
+        rewritten, messages = renamed_options(self.given_args, renamed)
+        if messages:
+            for message in messages:
+                warnings.warn(message, FutureWarning, stacklevel=1)
+            self.given_args = rewritten
+            self.config = parser.parse_args(rewritten)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``--ckpt_path``'s hyperparameters with a bare ``torch.load``, whose errors

@@ -103,6 +103,7 @@ class ClassificationModule(TaskModule):
 
     data_args = ("num_classes",)
     optional_data_args = ("img_size",)
+    renamed_args = {f"recipe.{name}": name for name in ("optim", "mixup", "drop_path_rate")}
 
     def __init__(
         self,
