@@ -303,7 +303,7 @@ EVALUATION_VERBS = ("validate", "test", "predict")
 def saved_run_config(args: list[str]) -> Path | None:
     """For ``validate``/``test``/``predict --ckpt_path <run>/checkpoints/<name>.ckpt`` given without ``--config``
     or ``--model``: the config that run saved beside it (``<run>/config.yaml``, or the newest ``config.<n>.yaml`` a
-    resumed run wrote), else None."""
+    resumed run wrote); an error when it saved none. None for other command lines."""
     if not args or args[0] not in EVALUATION_VERBS:
         return None
     options = [arg.split("=", 1)[0] for arg in args[1:]]
@@ -315,7 +315,12 @@ def saved_run_config(args: list[str]) -> Path | None:
         return None
     run_dir = checkpoint_run_dir(paths[-1])
     saved = [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
-    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0, default=None)
+    if not saved:
+        raise ConfigError(
+            f"--ckpt_path {paths[-1]}: no --config given and no config.yaml beside it in {run_dir} (a run's "
+            "checkpoints/ folder has one above it); give --config, the config it was trained with"
+        )
+    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0)
 
 
 def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str], list[str]]:
