@@ -391,7 +391,9 @@ class PolyattnCLI(LightningCLI):
         named = {key for key in STANDARD_KEYS if any(re.match(rf"--{key}(\.|=|$)", arg) for arg in self.given_args)}
         defaults = self._parser(self.subcommand).get_defaults()
         default_checkpoint = init_args({"init_args": defaults.get("checkpoint")})
-        resolve_checkpoint_monitor(default_checkpoint, class_from_path(config.model.get("class_path")))
+        model = config.get("model")
+        task = class_from_path(model.get("class_path") if hasattr(model, "get") else None)
+        resolve_checkpoint_monitor(default_checkpoint, task)
         changed = {
             key
             for key in STANDARD_KEYS
