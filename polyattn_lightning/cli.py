@@ -311,8 +311,10 @@ def saved_run_config(args: list[str]) -> Path | None:
         return None
     paths = [value for flag, value in zip(args, args[1:]) if flag == "--ckpt_path"]
     paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--ckpt_path=")]
-    if not paths or not Path(paths[-1]).is_file():
+    if not paths or paths[-1] in ("last", "best", "hpc", "registry") or "://" in paths[-1]:
         return None
+    if not Path(paths[-1]).is_file():
+        raise MissingPathError(f"--ckpt_path {paths[-1]}: no such checkpoint file")
     run_dir = checkpoint_run_dir(paths[-1])
     saved = [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
     if not saved:
