@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
 from .callbacks.progress import StepsRichProgressBar
-from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, drop_restated, resolve_checkpoint_monitor
+from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, merge_callbacks, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
 from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
 from .distributed import distributed_teardown
@@ -239,6 +239,11 @@ def is_lightning_checkpoint(path: str | os.PathLike) -> bool:
     return isinstance(checkpoint, dict) and "state_dict" in checkpoint
 
 
+def as_list(value) -> list:
+    """A ``trainer.callbacks`` value as a list (None: empty; one callback: a list of it)."""
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
 def init_args(component) -> dict:
     """A parsed ``class_path``/``init_args`` component's arguments as a dict (empty for None or a plain value)."""
     args = component.get("init_args") if hasattr(component, "get") else None
@@ -273,13 +278,73 @@ def activation_label(spec) -> str:
     return re.sub(r"[^\w.=-]+", "", label)
 
 
+def checkpoint_run_dir(ckpt_path: str | os.PathLike) -> Path:
+    """The run folder a checkpoint belongs to: the folder above its ``checkpoints/``, else its own folder."""
+    ckpt = Path(ckpt_path)
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
 def evaluation_dir(ckpt_path: str, subcommand: str) -> tuple[Path, str]:
     """Where ``validate``/``test``/``predict`` of a checkpoint write: ``(folder, name)`` of
-    ``<run>/<subcommand>_<checkpoint stem>``, ``<run>`` being the folder above the checkpoint's ``checkpoints/``
-    (else the checkpoint's own folder)."""
-    ckpt = Path(ckpt_path)
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return run_dir, f"{subcommand}_{ckpt.stem}"
+    ``<run>/<subcommand>_<checkpoint stem>`` (:func:`checkpoint_run_dir`), or ``..._2``, ``..._3``... when an
+    earlier call wrote that folder: one folder per call, never overwritten (predictions included)."""
+    run_dir, stem = checkpoint_run_dir(ckpt_path), f"{subcommand}_{Path(ckpt_path).stem}"
+    name, count = stem, 1
+    while (run_dir / name).exists():
+        count += 1
+        name = f"{stem}_{count}"
+    return run_dir, name
+
+
+#: The verbs that evaluate a checkpoint, which can take their config from the checkpoint's run.
+EVALUATION_VERBS = ("validate", "test", "predict")
+
+
+def saved_run_config(args: list[str]) -> Path | None:
+    """For ``validate``/``test``/``predict --ckpt_path <run>/checkpoints/<name>.ckpt`` given without ``--config``
+    or ``--model``: the config that run saved beside it (``<run>/config.yaml``, or the newest ``config.<n>.yaml`` a
+    resumed run wrote); an error when it saved none. None for other command lines."""
+    if not args or args[0] not in EVALUATION_VERBS:
+        return None
+    options = [arg.split("=", 1)[0] for arg in args[1:]]
+    if any(option in ("--config", "-c", "--model", "--model.class_path") for option in options):
+        return None
+    paths = [value for flag, value in zip(args, args[1:]) if flag == "--ckpt_path"]
+    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--ckpt_path=")]
+    if not paths or paths[-1] in ("last", "best", "hpc", "registry") or "://" in paths[-1]:
+        return None
+    if not Path(paths[-1]).is_file():
+        raise MissingPathError(f"--ckpt_path {paths[-1]}: no such checkpoint file")
+    run_dir = checkpoint_run_dir(paths[-1])
+    saved = [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
+    if not saved:
+        raise ConfigError(
+            f"--ckpt_path {paths[-1]}: no --config given and no config.yaml beside it in {run_dir} (a run's "
+            "checkpoints/ folder has one above it); give --config, the config it was trained with"
+        )
+    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0)
+
+
+def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str], list[str]]:
+    """``args`` with each ``--model[.init_args].<old>...`` option of ``renamed`` (old path -> new path) spelled
+    with its new path, and one deprecation line for each."""
+    if not renamed:
+        return args, []
+    pattern = re.compile(
+        r"--model\.(init_args\.)?(" + "|".join(re.escape(old) for old in renamed) + r")(?=[.=]|$)(.*)", re.DOTALL
+    )
+    rewritten, messages = [], []
+    for arg in args:
+        match = pattern.fullmatch(arg)
+        if match is None:
+            rewritten.append(arg)
+            continue
+        prefix, old, rest = match.groups()
+        new = f"--model.{prefix or ''}{renamed[old]}{rest}"
+        rewritten.append(new)
+        given, used = arg.split("=", 1)[0], new.split("=", 1)[0]
+        messages.append(f"{given} is deprecated: it is {used} now (given as that)")
+    return rewritten, messages
 
 
 class PolyattnCLI(LightningCLI):
@@ -322,32 +387,47 @@ class PolyattnCLI(LightningCLI):
             off.add("lr_monitor")  # LearningRateMonitor raises without a logger
         return off
 
-    def drop_restated_callbacks(self, config) -> None:
-        """A standard callback also listed in ``trainer.callbacks`` (a ``config.yaml`` saved before they were
-        standard) is dropped there, with a warning naming its short key: never two ``ExactResume``."""
-        listed = config.trainer.get("callbacks")
-        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
-        entries = [
-            (class_from_path(item.get("class_path")), init_args(item)) if hasattr(item, "get") else (None, {})
-            for item in listed
-        ]
-        standard = {key: init_args({"init_args": config.get(key)}) for key in STANDARD_KEYS}
-        dropped, messages = drop_restated(entries, standard, self.standard_off(config))
-        for message in messages:
-            warnings.warn(message, UserWarning, stacklevel=1)
-        if dropped:
-            config.trainer.callbacks = [item for index, item in enumerate(listed) if index not in dropped]
+    def given_short_keys(self, config) -> set[str]:
+        """The standard callbacks' short keys this run gives: named on the command line, or set (by a config file)
+        to other than their defaults, the best checkpoint's monitor being the task's by default."""
+        named = {key for key in STANDARD_KEYS if any(re.match(rf"--{key}(\.|=|$)", arg) for arg in self.given_args)}
+        defaults = self._parser(self.subcommand).get_defaults()
+        default_checkpoint = init_args({"init_args": defaults.get("checkpoint")})
+        model = config.get("model")
+        task = class_from_path(model.get("class_path") if hasattr(model, "get") else None)
+        resolve_checkpoint_monitor(default_checkpoint, task)
+        changed = {
+            key
+            for key in STANDARD_KEYS
+            if init_args({"init_args": config.get(key)})
+            != (default_checkpoint if key == "checkpoint" else init_args({"init_args": defaults.get(key)}))
+        }
+        return named | changed
 
     def instantiate_trainer(self, **kwargs: Any):
-        """The trainer with the standard callbacks this run does not leave out (:meth:`standard_off`)."""
+        """The trainer with the user's ``trainer.callbacks`` and the standard callbacks this run does not leave out
+        (:meth:`standard_off`), merged by their identity (:func:`~.callbacks.standard.merge_callbacks`, one info
+        line per decision). A listed entry left out for its short key is removed from the config the run saves,
+        so that config resumes with the same callbacks."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         off = self.standard_off(config)
-        callbacks = [
-            self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys if key not in off
-        ]
+        standard = {
+            key: self._get(self.config_init, key)
+            for key in self._parser(self.subcommand).callback_keys
+            if key not in off
+        }
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        listed = trainer_config.get("callbacks")
-        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        listed, entries = as_list(trainer_config.get("callbacks")), as_list(config.trainer.get("callbacks"))
+        settings = {key: init_args({"init_args": config.get(key)}) for key in standard}
+        entry_args = [init_args(entry) for entry in entries] if len(entries) == len(listed) else [{}] * len(listed)
+        merged = merge_callbacks(standard, list(zip(listed, entry_args)), settings, self.given_short_keys(config))
+        for message in merged.messages:
+            rank_zero_info(message)
+        if merged.dropped:
+            config.trainer.callbacks = [entry for index, entry in enumerate(entries) if index not in merged.dropped]
+        listed = [callback for index, callback in enumerate(listed) if index not in merged.dropped]
+        trainer_config["callbacks"] = listed
+        callbacks = [callback for key, callback in standard.items() if key not in merged.off]
         if (
             trainer_config.get("enable_progress_bar") is not False
             and RICH_AVAILABLE
@@ -357,11 +437,34 @@ class PolyattnCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
+        """Parse, first reading :func:`saved_run_config` in for ``validate``/``test``/``predict`` of a checkpoint
+        given without a config; then, where the model's class renames init arguments (``renamed_args``), parse
+        again with each deprecated key given on the command line read as its new one (:func:`renamed_options`),
+        so it overrides that one field where the config sets the new key."""
         self.given_args = (
             [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
         )
         check_yaml_syntax(self.given_args)
+        saved = saved_run_config(self.given_args)
+        if saved is not None:
+            rank_zero_info(
+                f"{self.given_args[0]}: no --config given: using {saved}, the config of the checkpoint's run"
+            )
+            args = self.given_args = [self.given_args[0], "--config", str(saved), *self.given_args[1:]]
         super().parse_arguments(parser, args)
+        if not self.given_args:
+            return
+        subcommand = self.config.get("subcommand")
+        model = (self.config[subcommand] if subcommand else self.config).get("model")
+        renamed = getattr(
+            class_from_path(model.get("class_path") if hasattr(model, "get") else None), "renamed_args", {}
+        )
+        rewritten, messages = renamed_options(self.given_args, renamed)
+        if messages:
+            for message in messages:
+                warnings.warn(message, FutureWarning, stacklevel=1)
+            self.given_args = rewritten
+            self.config = parser.parse_args(rewritten)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``--ckpt_path``'s hyperparameters with a bare ``torch.load``, whose errors
@@ -411,9 +514,8 @@ class PolyattnCLI(LightningCLI):
         checkpoint log to
         :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
-        file. The best checkpoint's monitor defaults to the task's; standard callbacks restated in
-        ``trainer.callbacks`` are dropped. Then :func:`check_config`, so a bad name or path stops the run before
-        any model is built."""
+        file. The best checkpoint's monitor defaults to the task's. Then :func:`check_config`, so a bad name or path
+        stops the run before any model is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         logger, files = config.trainer.logger, config.get("config")
         model_args = config.model.get("init_args") if hasattr(config.model, "get") else None
@@ -437,7 +539,6 @@ class PolyattnCLI(LightningCLI):
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
         resolve_task_defaults(config)
-        self.drop_restated_callbacks(config)
         check_config(config)
 
     def instantiate_classes(self) -> None:

@@ -9,12 +9,14 @@ from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import SlurmPreemption
 from .resume import ExactResume
+from .standard import LastCheckpoint
 
 __all__ = [
     "AttentionMaps",
     "AttentionNorms",
     "EMA",
     "ExactResume",
+    "LastCheckpoint",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PredictionWriter",

@@ -5,9 +5,14 @@ The CLI adds each one with LightningCLI's ``add_lightning_class_args``, so its o
 (a top-level list, ``--callbacks_off [norms, predictions]``) leaves some out. Opt-in callbacks
 (``EMA``, ``AttentionMaps``) stay under ``trainer.callbacks``.
 
-A config saved before they were standard (a run's ``config.yaml``) lists them in ``trainer.callbacks``:
-:func:`drop_restated` removes such copies with a warning naming the short key, so a resumed run never
-has two ``ExactResume``.
+``trainer.callbacks`` stays the user's list, as in Lightning (:func:`merge_callbacks`): an entry is the standard
+callback whose Lightning identity (``Callback.state_key``) it has, and replaces it with its own settings, unless
+that short key is given (on the command line, or set to other than its default), which then wins; every other
+entry runs beside the standard ones. A user ``ModelCheckpoint`` that writes ``checkpoints/last.ckpt`` itself
+(``save_last``, or ``filename: last``) turns the standard last checkpoint off. So a YAML written as Lightning's
+docs show (own ``ModelCheckpoint``, ``EarlyStopping``, ``NonFiniteLossGuard(on_nonfinite: skip)``) runs as
+written, and a ``config.yaml`` saved before these were standard (listing all of them) resumes with the settings
+it ran with.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 
+from ..errors import ConfigError
+
 from .attention_norms import AttentionNorms
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import SlurmPreemption
 from .resume import ExactResume
 
-#: The best checkpoint's file name (also how a saved ``trainer.callbacks`` entry is recognised as that callback).
+#: The best checkpoint's file name.
 BEST_FILENAME = "best-epoch{epoch:03d}"
 #: The last checkpoint's file name, rewritten at every validation (or epoch end), for resuming and requeues.
 LAST_FILENAME = "last"
@@ -38,12 +45,33 @@ class StandardCallback:
     help: str
     defaults: dict[str, Any] = field(default_factory=dict)
 
-    def matches(self, cls: type | None, init_args: dict[str, Any]) -> bool:
-        """Whether a ``trainer.callbacks`` entry is this callback (a ModelCheckpoint by its file name: another
-        one, e.g. every 1000 steps, is the user's own)."""
-        if cls is not self.cls:
-            return False
-        return self.cls is not ModelCheckpoint or init_args.get("filename") == self.defaults["filename"]
+
+class LastCheckpoint(ModelCheckpoint):
+    """The standard ``checkpoints/last.ckpt`` (resume, requeue): a ModelCheckpoint whose Lightning identity
+    (``state_key``) holds its file name, so no user ModelCheckpoint (``monitor: null`` like this one, any
+    ``save_last``) is taken for it. A checkpoint of a run made before it existed holds this callback's state under
+    a plain ModelCheckpoint's key: :meth:`on_load_checkpoint` reads it from there."""
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            filename=self.filename,
+            monitor=self.monitor,
+            mode=self.mode,
+            every_n_train_steps=self._every_n_train_steps,
+            every_n_epochs=self._every_n_epochs,
+            train_time_interval=self._train_time_interval,
+        )
+
+    @property
+    def plain_state_key(self) -> str:
+        """The key a plain ModelCheckpoint of these settings has (how runs before this class saved it)."""
+        return ModelCheckpoint.__qualname__ + ModelCheckpoint.state_key.fget(self).removeprefix(type(self).__qualname__)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key not in states and self.plain_state_key in states:
+            states[self.state_key] = states[self.plain_state_key]  # loaded by Lightning right after this hook
 
 
 STANDARD_CALLBACKS = (
@@ -54,10 +82,9 @@ STANDARD_CALLBACKS = (
         {"filename": BEST_FILENAME, "auto_insert_metric_name": False, "monitor": None, "mode": None},
     ),
     StandardCallback(
-        # a second ModelCheckpoint: Lightning 2.6's save_last on the best one rewrites last.ckpt only when a new
-        # best is saved, so a resume from it would lose every step since the last improvement
+        # its own callback, not the best one's save_last: it stays when the best one is turned off or replaced
         "last_checkpoint",
-        ModelCheckpoint,
+        LastCheckpoint,
         "checkpoints/last.ckpt, rewritten at every validation, for resuming",
         {"filename": LAST_FILENAME, "save_top_k": 1, "enable_version_counter": False},
     ),
@@ -94,30 +121,82 @@ def resolve_checkpoint_monitor(settings: dict[str, Any], task_class: type | None
         settings["mode"] = mode if settings["monitor"] == monitor else "min"
 
 
-def drop_restated(
-    callbacks: list[tuple[type | None, dict[str, Any]]], standard: dict[str, dict[str, Any]], off: set[str]
-) -> tuple[list[int], list[str]]:
-    """Which ``trainer.callbacks`` entries (``(class, init_args)``) are standard callbacks the CLI adds
-    anyway (not one in ``off``): their indices and a warning for each, naming its short key and any setting of
-    the listed copy that differs from the short key's (``standard``: the short keys' settings)."""
-    dropped, warnings = [], []
-    for index, (cls, init_args) in enumerate(callbacks):
-        spec = next((s for s in STANDARD_CALLBACKS if s.key not in off and s.matches(cls, init_args)), None)
-        if spec is None:
+def writes_last(callback: Callback, last: LastCheckpoint) -> bool:
+    """Whether ``callback`` (another ModelCheckpoint) writes the file ``last`` writes: ``save_last`` or its
+    ``filename`` naming ``last.ckpt`` in the same folder."""
+    if not isinstance(callback, ModelCheckpoint) or callback is last or callback.dirpath != last.dirpath:
+        return False
+    return (
+        callback.filename == last.filename
+        or bool(callback.save_last)
+        and callback.CHECKPOINT_NAME_LAST == last.filename
+    )
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in settings.items())
+
+
+@dataclass
+class Merged:
+    """What :func:`merge_callbacks` decided: the standard keys left out, the ``trainer.callbacks`` entries left out
+    (their indices) and one info line per decision."""
+
+    off: set[str] = field(default_factory=set)
+    dropped: list[int] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+
+def merge_callbacks(
+    standard: dict[str, Callback],
+    listed: list[tuple[Callback, dict[str, Any]]],
+    settings: dict[str, dict[str, Any]],
+    given: set[str],
+) -> Merged:
+    """Which of the standard callbacks (``standard``: short key -> instance, the ones this run has) and the user's
+    ``trainer.callbacks`` (``listed``: instance and its init args) run.
+
+    An entry with a standard callback's ``state_key`` is that callback: the entry is used (the short key left
+    out), unless the short key is in ``given`` (named on the command line, or set to other than its default),
+    which is then used and the entry left out. A ModelCheckpoint that writes ``last.ckpt`` where the standard
+    last checkpoint does (:func:`writes_last`) turns it off; with ``last_checkpoint`` given too, the two would
+    write one file: an error. ``settings``: the short keys' settings, for the info lines.
+    """
+    merged = Merged()
+    by_identity = {callback.state_key: key for key, callback in standard.items()}
+    for index, (callback, init_args) in enumerate(listed):
+        key = by_identity.get(callback.state_key)
+        if key is None:
             continue
-        dropped.append(index)
-        differ = {k: v for k, v in init_args.items() if k in standard[spec.key] and standard[spec.key][k] != v}
-        message = (
-            f"trainer.callbacks: {spec.cls.__name__} is a standard callback now, under "
-            f"--{spec.key}; the copy in trainer.callbacks is dropped"
-        )
-        if differ:
-            message += (
-                " and its "
-                + ", ".join(f"{k}={v!r}" for k, v in differ.items())
-                + " not used ("
-                + ", ".join(f"--{spec.key}.{k} {v}" for k, v in differ.items())
-                + " keeps it)"
+        name = type(callback).__name__
+        differ = {k: v for k, v in init_args.items() if k in settings.get(key, {}) and settings[key][k] != v}
+        if key in given:
+            merged.dropped.append(index)
+            merged.messages.append(
+                f"trainer.callbacks: {name} has the identity (state key) of the standard --{key}, which is given: "
+                f"--{key} is used, the listed one left out" + (f" (its {settings_text(differ)})" if differ else "")
             )
-        warnings.append(message)
-    return dropped, warnings
+        else:
+            merged.off.add(key)
+            merged.messages.append(
+                f"trainer.callbacks: {name} has the identity (state key) of the standard --{key}: the listed one is "
+                "used" + (f", with its {settings_text(differ)}" if differ else "")
+            )
+    last = standard.get("last_checkpoint")
+    if last is not None and "last_checkpoint" not in merged.off:
+        kept = [cb for index, (cb, _) in enumerate(listed) if index not in merged.dropped]
+        kept += [cb for key, cb in standard.items() if key != "last_checkpoint" and key not in merged.off]
+        writers = [cb for cb in kept if writes_last(cb, last)]
+        if writers:
+            where = f"ModelCheckpoint(filename={writers[0].filename!r}, save_last={writers[0].save_last!r})"
+            if "last_checkpoint" in given:
+                raise ConfigError(
+                    f"{where} and --last_checkpoint both write checkpoints/{last.filename}.ckpt: "
+                    "give one (--callbacks_off [last_checkpoint], or the other without save_last)"
+                )
+            merged.off.add("last_checkpoint")
+            merged.messages.append(
+                f"trainer.callbacks: {where} writes checkpoints/{last.filename}.ckpt itself: the standard "
+                "--last_checkpoint is left out (resume from that file as before)"
+            )
+    return merged

@@ -61,7 +61,7 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
     # Lightning's loader: it also rebuilds hyperparameters the CLI saved as plain dicts (recipes) into their types
     module = cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, **overrides)
     print(
-        f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors, saved at epoch "
+        f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors loaded, saved at epoch "
         f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
     )
     return module.eval()

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import DataError, MissingPathError
+from ..errors import ConfigError, DataError, MissingPathError
 from .resumable import ResumableDataLoader, eval_loader
 
 
@@ -139,7 +139,27 @@ class DataModule(pl.LightningDataModule):
         return eval_loader(dataset, self.trainer, **settings)
 
     def train_dataloader(self) -> DataLoader:
+        self.check_training_batches()
         return self._loader(self.train_set, train=True)
+
+    def check_training_batches(self) -> None:
+        """A training split too small for one batch is an error naming the sizes and the fix, rather than
+        Lightning's ``No training batches`` and a run that ends at once, with exit status 0 and nothing trained.
+        Under DDP each rank gets ``ceil(samples / ranks)`` samples (Lightning's DistributedSampler)."""
+        if self.train_set is None:
+            return
+        samples, ranks = len(self.train_set), getattr(self.trainer, "world_size", 1) if self.trainer else 1
+        per_rank = -(-samples // ranks)
+        batches = per_rank // self.batch_size if self.drop_last_train else -(-per_rank // self.batch_size)
+        if samples == 0:
+            raise ConfigError(f"{type(self).__name__}: the training split is empty: no training batch")
+        if batches == 0:
+            share = f" ({per_rank} per rank on {ranks} ranks)" if ranks > 1 else ""
+            raise ConfigError(
+                f"{type(self).__name__}: the training split has {samples} samples{share}, fewer than "
+                f"data.batch_size {self.batch_size}, and the last incomplete batch is dropped: no training batch; "
+                f"give --data.batch_size {per_rank} or less"
+            )
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, train=False)

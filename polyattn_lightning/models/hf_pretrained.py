@@ -8,6 +8,8 @@ MiniLM of the ``[hf-example]`` extra. Loading is offline (``local_files_only=Tru
 from __future__ import annotations
 
 import importlib
+import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,29 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
+
+
+#: a terminal colour/style code (``ESC[1m``...), which transformers writes into its LOAD REPORT even when the log goes
+#: to a file (its prelude unconditionally, the table whenever stdout is a terminal)
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class PlainText(logging.Filter):
+    """Takes terminal escape codes out of a log record's message (the record is still logged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "\x1b[" in record.msg:
+            record.msg = ANSI_CODE.sub("", record.msg)
+        return True
+
+
+_PLAIN_TEXT = PlainText()  # one instance: adding it again is a no-op
+
+
+def plain_load_reports() -> None:
+    """transformers' ``from_pretrained`` LOAD REPORT (e.g. ``classifier.weight | MISSING`` for a new head) as plain
+    text, without raw escape codes in logs and terminals that do not render them."""
+    logging.getLogger("transformers.modeling_utils").addFilter(_PLAIN_TEXT)
 
 
 def resolve_folder(spec: str | Path, key: str = "model") -> Path:
@@ -98,4 +123,12 @@ def check_tokenizer(tokenizer, config, tokenizer_key: str, model_name: str) -> N
         )
 
 
-__all__ = ["check_tokenizer", "config_from_dict", "has_tokenizer", "load_tokenizer", "model_folder", "resolve_folder"]
+__all__ = [
+    "check_tokenizer",
+    "config_from_dict",
+    "has_tokenizer",
+    "load_tokenizer",
+    "model_folder",
+    "plain_load_reports",
+    "resolve_folder",
+]

@@ -66,6 +66,9 @@ class TaskModule(pl.LightningModule):
     data_args: ClassVar[tuple[str, ...]] = ()
     #: like :attr:`data_args`, but the model has a default when neither the config nor the data gives one
     optional_data_args: ClassVar[tuple[str, ...]] = ()
+    #: deprecated init argument paths and the ones that replace them (``{"recipe.optim": "optim"}``): the CLI
+    #: reads ``--model.recipe.optim.lr 0`` as ``--model.optim.lr 0``, with a deprecation line
+    renamed_args: ClassVar[dict[str, str]] = {}
 
     #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``, so that
     #: errors name it rather than the config those values no longer come from
@@ -233,8 +236,9 @@ class TaskModule(pl.LightningModule):
             )
             trainer.test(self, datamodule=trainer.datamodule, ckpt_path=best.best_model_path)
         else:
-            # an explicit file, never None: under SLURM Lightning resolves None to the newest requeue ("hpc") checkpoint
-            ckpt_path = os.path.join(trainer.default_root_dir, "end_of_fit.ckpt")
+            # an explicit file, never None: under SLURM Lightning resolves None to the newest requeue ("hpc") one;
+            # in the run's folder (the working directory only without a logger), where no other run overwrites it
+            ckpt_path = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints", "end_of_fit.ckpt")
             rank_zero_warn(f"no best checkpoint was saved: testing the weights at the end of training ({ckpt_path})")
             trainer.save_checkpoint(ckpt_path)
             trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)

@@ -103,6 +103,7 @@ class ClassificationModule(TaskModule):
 
     data_args = ("num_classes",)
     optional_data_args = ("img_size",)
+    renamed_args = {f"recipe.{name}": name for name in ("optim", "mixup", "drop_path_rate")}
 
     def __init__(
         self,
@@ -193,10 +194,13 @@ class ClassificationModule(TaskModule):
         return self.model(images)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state)."""
+        """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state). Not for
+        ``load_from_checkpoint``, which does not tell the module the file: its caller names it (``polyattn maps``)."""
         path = self._trainer.ckpt_path if self._trainer is not None else None
+        if path is None:
+            return
         rank_zero_info(
-            f"checkpoint {path or ''}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
+            f"checkpoint {path}: {len(checkpoint.get('state_dict', {}))} tensors loaded, saved at epoch "
             f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
             + ("" if self.hparams.get("pretrained") else " (no pretrained file was read)")
         )

@@ -35,7 +35,7 @@ from torch.utils.data import default_collate
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..attention import ActivationSpec
+from ..attention import ActivationSpec, attention_modules
 from ..errors import ConfigError
 from ..models.hf_pretrained import (
     check_tokenizer,
@@ -43,6 +43,7 @@ from ..models.hf_pretrained import (
     has_tokenizer,
     load_tokenizer,
     model_folder,
+    plain_load_reports,
     resolve_folder,
 )
 from .base import TaskModule, logits_evaluation
@@ -88,6 +89,7 @@ class HFTask(TaskModule):
             self.model = auto.from_config(config, attn_implementation="sdpa")
         elif hp.model is not None:
             folder = model_folder(hp.model, "model.init_args.model")
+            plain_load_reports()
             self.model = auto.from_pretrained(
                 folder, local_files_only=True, attn_implementation="sdpa", **self.config_overrides()
             )
@@ -108,12 +110,31 @@ class HFTask(TaskModule):
         options = {"calibrate": bool(self.hparams.calibrate_attention) and self.fresh_weights}
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         dataset = getattr(datamodule, "train_set", None)
+        self.probe_source = "the default probe tokens"
         if dataset is not None:
+            samples = min(PROBE_SAMPLES, len(dataset))
             collate = datamodule.collate_fn or default_collate
-            batch = collate([dataset[i] for i in range(min(PROBE_SAMPLES, len(dataset)))])
+            batch = collate([dataset[i] for i in range(samples)])
             device = next(self.model.parameters()).device
             options["probe"] = {key: value.to(device) for key, value in batch.items() if key != "labels"}
+            self.probe_source = f"the first {samples} training samples"
         return options
+
+    def configure_model(self) -> None:
+        """The base's, then one line saying what ``calibrate_attention`` calibrated (it changes weights)."""
+        calibrating = not self.built and bool(self.hparams.calibrate_attention)
+        super().configure_model()
+        if not calibrating:
+            return
+        if not self.fresh_weights:
+            rank_zero_info("calibrate_attention: not run, the checkpoint's weights are calibrated already")
+            return
+        layers = len(attention_modules(self.model))
+        rank_zero_info(
+            f"calibrate_attention: one temperature per head of the {layers} attention layers, fitted on "
+            f"{self.probe_source} (the head's {self.hparams.attention} output nearest its softmax output) and "
+            "folded into the query projections"
+        )
 
     def config_overrides(self) -> dict[str, Any]:
         """Config values the data determines (class count and names, vocabulary)."""

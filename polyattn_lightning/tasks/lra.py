@@ -15,11 +15,13 @@ checkpoint's weights, not the last step's.
 from __future__ import annotations
 
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
+from ..data.lra.base import majority_rate
 from ..models import LRAClassifier
 from .base import TaskModule, logits_evaluation
 from .optim import OptimRecipe
@@ -95,6 +97,17 @@ class LRAModule(TaskModule):
             attn_dropout=hp.attn_dropout,
         )
         self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(hp.num_classes, average="micro")}))
+
+    def on_fit_start(self) -> None:
+        """Log the majority-class rate of the validation and test splits: the chance level that ``val/top1`` and
+        ``test/top1`` (and the README's "about 2x the majority-class rate") are measured against."""
+        datamodule = self.trainer.datamodule
+        rates = {split: majority_rate(getattr(datamodule, f"{split}_set", None)) for split in ("val", "test")}
+        shown = [f"{split} {rate:.1%} (class {label})" for split, (label, rate) in rates.items() if rates[split]]
+        if shown:
+            rank_zero_info(
+                f"majority-class rate (top-1 of always answering the most frequent class): {', '.join(shown)}"
+            )
 
     def forward(self, input_ids: Tensor, mask: Tensor) -> Tensor:
         return self.model(input_ids, mask)

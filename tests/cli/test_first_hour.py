@@ -108,6 +108,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
         ([*fit, "--model.attention", "poly3x"], {"POLYATTN_DEBUG": "1"}),
         [*fit, "--config", "broken.yaml"],
         ["validate", "--config", "folder.yaml", "--ckpt_path", "weights.pth"],
+        [*fit, "--data.batch_size", "32"],  # 12 training images: no full batch
     )
     assert_short_error(results[0], "model.init_args.attention", "unknown attention activation 'poly3x'", "registered:")
     assert_short_error(results[1], "scale must be positive, got -1")
@@ -124,10 +125,13 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert_short_error(results[10], "model.init_args.num_classes is 5 but ImageFolderDataModule has num_classes=3")
     assert f"to {Path('runs/classification/folder/version_0')}\n" in results[10]["output"]
     assert_short_error(results[11], "model.init_args.img_size is 32 but ImageFolderDataModule has img_size=16")
-    assert not (project / "runs").exists()
     assert results[12]["rc"] != 0 and "Traceback" in results[12]["output"]  # POLYATTN_DEBUG=1
     assert_short_error(results[13], "broken.yaml is not valid YAML", 'in "broken.yaml", line 1', max_lines=8)
     assert_short_error(results[14], "--ckpt_path weights.pth is not a Lightning checkpoint", "--model.pretrained")
+    assert_short_error(results[15], "ImageFolderDataModule: the training split has 12 samples, fewer than "
+                       "data.batch_size 32", "no training batch; give --data.batch_size 12 or less")
+    assert "No training batches" not in results[15]["output"]
+    assert not (project / "runs").exists()  # no empty run folder left behind by any of them
 
 
 def test_internal_errors_keep_their_traceback():
@@ -157,6 +161,8 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "1",
              "--trainer.enable_progress_bar", "false"]
     ckpt = "runs/classification/folder/version_0/checkpoints/last.ckpt"
+    (project / "weights").mkdir()
+    torch.save({"state_dict": {}}, project / "weights" / "last.ckpt")
     results = run(
         project,
         ["fit", "--config", "folder.yaml", *short, "--model.pretrained", "in1k.safetensors"],
@@ -164,6 +170,11 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
         ["predict", "--config", "folder.yaml", "--ckpt_path", ckpt, "--trainer.enable_progress_bar", "false"],
         ["validate", "--config", "folder.yaml", "--ckpt_path", ckpt, "--data.root", "imgs5"],
         ["fit", "--config", "folder.yaml", *short, "--model.attention", "relu"],
+        # the checkpoint alone: its run's saved config.yaml; each call its own folder, none overwritten
+        ["validate", "--ckpt_path", ckpt, "--trainer.enable_progress_bar", "false"],
+        ["test", "--ckpt_path", ckpt, "--trainer.enable_progress_bar", "false"],
+        ["predict", "--ckpt_path", ckpt, "--trainer.enable_progress_bar", "false"],
+        ["validate", "--ckpt_path", "weights/last.ckpt"],  # a checkpoint outside a run folder
     )
     fit_output = results[0]["output"]
     assert results[0]["rc"] == 0, fit_output
@@ -193,6 +204,21 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
     assert "set model.init_args.num_classes" not in error
     assert results[4]["rc"] == 0, results[4]["output"]
     assert (project / "runs" / "classification" / "folder_relu" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+    for result, verb, folder in zip(results[5:8], ("validate", "test", "predict"),
+                                    ("validate_last_2", "test_last", "predict_last_2")):
+        output = result["output"]
+        assert result["rc"] == 0, output
+        assert f"{verb}: no --config given: using {run_dir.relative_to(project)}/config.yaml" in output
+        assert f"to {Path('runs/classification/folder/version_0') / folder}\n" in output
+    assert "test/top1" in results[6]["output"]
+    again = torch.load(run_dir / "predict_last_2" / "predictions" / "rank0.pt", weights_only=True)
+    torch.testing.assert_close(again["predictions"], saved["predictions"])  # the same data, from the saved config
+    first = torch.load(run_dir / "predict_last" / "predictions" / "rank0.pt", weights_only=True)
+    assert first["paths"] == saved["paths"]  # the first call's file is still there, as written
+    assert sorted(path.name for path in run_dir.iterdir() if path.is_dir()) == [
+        "checkpoints", "predict_last", "predict_last_2", "test_last", "validate_last", "validate_last_2"]
+    assert_short_error(results[8], "--ckpt_path weights/last.ckpt: no --config given and no config.yaml beside it")
 
 
 def test_check_data_names_every_unreadable_image(project: Path):

@@ -1,5 +1,5 @@
 """The standard callbacks under their short keys: each key changes its callback in a run, ``--print_config`` shows
-them, ``callbacks_off`` leaves some out, and an old saved config listing them in ``trainer.callbacks`` gets one each."""
+them, ``callbacks_off`` leaves some out (a user's own callbacks: test_user_callbacks.py)."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +11,8 @@ import yaml
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 
 from polyattn_lightning import cli
-from polyattn_lightning.callbacks import AttentionNorms, ExactResume, NonFiniteLossError, NonFiniteLossGuard, PredictionWriter
+from polyattn_lightning.callbacks import (AttentionNorms, ExactResume, LastCheckpoint, NonFiniteLossError,
+                                         NonFiniteLossGuard, PredictionWriter)
 from polyattn_lightning.callbacks.standard import STANDARD_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,30 +98,12 @@ def callback_types(*args: str) -> list[type]:
 def test_callbacks_off_leaves_out_the_named_ones_and_rejects_unknown_names(capsys):
     kinds = callback_types("--callbacks_off", "[norms, predictions]")
     assert AttentionNorms not in kinds and PredictionWriter not in kinds
-    assert {ExactResume, NonFiniteLossGuard, LearningRateMonitor} <= set(kinds) and kinds.count(ModelCheckpoint) == 2
-    assert ModelCheckpoint not in callback_types("--trainer.enable_checkpointing", "false")
+    assert {ExactResume, NonFiniteLossGuard, LearningRateMonitor} <= set(kinds)
+    assert kinds.count(ModelCheckpoint) == kinds.count(LastCheckpoint) == 1
+    assert LastCheckpoint not in callback_types("--callbacks_off", "[last_checkpoint]")
+    assert not {ModelCheckpoint, LastCheckpoint} & set(callback_types("--trainer.enable_checkpointing", "false"))
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["fit", "--config", str(QUICKSTART), "--callbacks_off", "[norm]"])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "callbacks_off" in error and "norms" in error  # the given value and the valid names
-
-
-def test_an_old_config_listing_standard_callbacks_gets_each_once_with_a_warning(tmp_path):
-    old = {k: v for k, v in yaml.safe_load(OLD_RUN.read_text()).items() if k not in ("ckpt_path", "weights_only")}
-    [guard] = [c for c in old["trainer"]["callbacks"] if c["class_path"].endswith("NonFiniteLossGuard")]
-    guard["init_args"]["on_nonfinite"] = "skip"  # a setting that differs from --nan_guard's
-    old["trainer"]["callbacks"].append({"class_path": "ModelCheckpoint",
-                                        "init_args": {"filename": "every100", "every_n_train_steps": 100}})
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
-    with pytest.warns(UserWarning) as caught:
-        trainer = cli.make_cli(["--config", str(tmp_path / "config.yaml")], run=False).trainer
-    messages = [str(w.message) for w in caught if "standard callback" in str(w.message)]
-    listed = set(STANDARD_KEYS) - {"preemption"}  # standard since the old run; its config does not list it
-    named = {key for key in STANDARD_KEYS for message in messages if f"under --{key};" in message}
-    assert named == listed and len(messages) == len(listed)
-    assert any("on_nonfinite='skip'" in m and "--nan_guard.on_nonfinite skip" in m for m in messages)
-    kinds = [type(c) for c in trainer.callbacks]
-    assert kinds.count(ExactResume) == kinds.count(NonFiniteLossGuard) == kinds.count(AttentionNorms) == 1
-    filenames = sorted(c.filename for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
-    assert filenames == ["best-epoch{epoch:03d}", "every100", "last"]  # the user's own third one is kept

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
@@ -37,13 +38,17 @@ def digit_png(path: Path, index: int) -> Path:
     return path
 
 
-def test_maps_command_writes_pngs_of_the_expected_size(tmp_path, checkpoint, capsys):
+def test_maps_command_writes_pngs_of_the_expected_size(tmp_path, checkpoint, capsys, caplog):
     images = [digit_png(tmp_path / f"digit{i}.png", i) for i in range(2)]
     out = tmp_path / "maps"
-    cli.main(["maps", "--ckpt", str(checkpoint), "--image", str(images[0]), "--image", str(images[1]),
-              "--layer", "1", "--layer", "model.blocks.2.attn", "--head", "1", "--out", str(out),
-              "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"])
-    assert f"checkpoint {checkpoint}: ClassificationModule, " in capsys.readouterr().out  # which file it read
+    with caplog.at_level("INFO"):
+        cli.main(["maps", "--ckpt", str(checkpoint), "--image", str(images[0]), "--image", str(images[1]),
+                  "--layer", "1", "--layer", "model.blocks.2.attn", "--head", "1", "--out", str(out),
+                  "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"])
+    # which file it read, once: no line without the file's name
+    tensors = len(torch.load(checkpoint, weights_only=True)["state_dict"])
+    assert f"checkpoint {checkpoint}: ClassificationModule, {tensors} tensors loaded, saved at" in capsys.readouterr().out
+    assert not [record for record in caplog.records if record.getMessage().startswith("checkpoint :")]
     # heat maps: 2 layers x 1 head -> 7.0 x (2 * 2.8 + 0.6) in; overlay: 2 layers x 2 images -> 7.0 x (2 * 3.0 + 0.6) in
     with Image.open(out / "heatmaps.png") as heat, Image.open(out / "overlay.png") as overlay:
         assert heat.size == (700, 620)

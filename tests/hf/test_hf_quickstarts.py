@@ -2,6 +2,7 @@
 the same with the cache."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def test_tiny_llama_quickstart_learns_and_decodes_the_same_with_the_kv_cache(tmp
     assert torch.equal(tokens[0], tokens[1])
 
 
+@pytest.mark.slow  # the softmax baseline (35 s at load 6); the x^3 fine-tune below is the quickstart's claim
 def test_minilm_quickstart_fine_tunes_above_the_majority_class(tmp_path, monkeypatch):
     """The softmax MiniLM fine-tune for 30 steps; the held-out set is balanced (majority 0.5)."""
     run = fit(tmp_path, monkeypatch, "minilm_softmax.yaml", "--trainer.max_epochs", "1",
@@ -46,12 +48,26 @@ def test_minilm_quickstart_fine_tunes_above_the_majority_class(tmp_path, monkeyp
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
 
 
-def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch):
+def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch, caplog):
     """The x^3 fine-tune (per-head temperatures calibrated first) for 30 steps, as the softmax one above; the
-    checkpoint holds the calibrated weights: rebuilt from it (no second calibration) it gives the same logits."""
-    run = fit(tmp_path, monkeypatch, "minilm_poly3.yaml", "--trainer.max_epochs", "1",
-              "--trainer.limit_train_batches", "30", "--data.train_size", "480", "--data.val_size", "100",
-              "--data.test_size", "100")
+    checkpoint holds the calibrated weights: rebuilt from it (no second calibration) it gives the same logits.
+    transformers' LOAD REPORT (the new head's ``classifier.weight | MISSING``) comes without terminal escape codes,
+    and one line names what ``calibrate_attention`` changed."""
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)  # transformers colours for terminals
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(caplog.handler)  # it does not propagate to the root logger
+    try:
+        with caplog.at_level("INFO"):
+            run = fit(tmp_path, monkeypatch, "minilm_poly3.yaml", "--trainer.max_epochs", "1",
+                      "--trainer.limit_train_batches", "30", "--data.train_size", "480", "--data.val_size", "100",
+                      "--data.test_size", "100")
+    finally:
+        transformers_logger.removeHandler(caplog.handler)
+    messages = [record.getMessage() for record in caplog.records]
+    [report] = [message for message in messages if "LOAD REPORT" in message]
+    assert "classifier.weight" in report and "MISSING" in report and "\x1b" not in report
+    [line] = [message for message in messages if message.startswith("calibrate_attention:")]
+    assert "one temperature per head of the 6 attention layers, fitted on the first 16 training samples" in line
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
     [best] = (tmp_path / "runs" / "hf" / "minilm_poly3" / "version_0" / "checkpoints").glob("best-*.ckpt")
     hyperparameters = torch.load(best, weights_only=True)["hyper_parameters"]
@@ -74,3 +90,4 @@ def test_experiment_config_builds(tmp_path, monkeypatch, path: Path):
     if data.num_classes is not None:  # sequence classification: a head of the data's classes
         assert model.config.num_labels == data.num_classes
     assert runs_activation(model, yaml.safe_load(path.read_text())["model"]["init_args"]["attention"])
+

@@ -115,14 +115,20 @@ def scalars(log_dir: Path, tag: str) -> list[float]:
     "config",
     ["listops_softmax", "text_poly3_inv_sqrt_n", "retrieval_poly1_attn_dropout0", "image_relu", "pathfinder_poly3"],
 )
-def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, config):
+def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, caplog, config):
     task = config.split("_")[0]
     root = tiny_release(tmp_path / "data", task)
     monkeypatch.chdir(tmp_path)
     extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
-    run = fit("--config", str(LRA / task / f"{config}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
-              "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", *extra)
+    with caplog.at_level("INFO"):
+        run = fit("--config", str(LRA / task / f"{config}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
+                  "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", *extra)
     assert run.trainer.global_step == 2
+    # the chance level the README's claims are measured against, counted here sample by sample
+    test_set = run.datamodule.test_set
+    label, count = Counter(test_set[i][1] for i in range(len(test_set))).most_common(1)[0]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("majority-class rate")]
+    assert f"test {count / len(test_set):.1%} (class {label})" in line and ": val " in line
     log_dir = tmp_path / "runs" / "lra" / config / "version_0"
     best = list((log_dir / "checkpoints").glob("best-*.ckpt"))
     assert len(best) == 1 and Path(run.trainer.ckpt_path).resolve() == best[0]  # tested with the best checkpoint

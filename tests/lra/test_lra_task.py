@@ -2,10 +2,13 @@
 fit, the linear one-cycle schedule, and exact resume on LRA batches."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from training_helpers import Killed, KillAt
 
@@ -29,9 +32,9 @@ def listops(tmp_path) -> ListOpsDataModule:
 
 
 def trainer(root, max_steps: int, *callbacks: Callback, **kwargs) -> pl.Trainer:
-    kwargs = {"val_check_interval": 4, "check_val_every_n_epoch": None, **kwargs}
+    kwargs = {"val_check_interval": 4, "check_val_every_n_epoch": None, "logger": False, **kwargs}
     return pl.Trainer(
-        accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", max_steps=max_steps, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=root, callbacks=list(callbacks), **kwargs,
     )
 
@@ -80,10 +83,13 @@ def test_fit_without_test_after_fit_or_checkpoint(tmp_path, listops):
     assert "val/top1" in fit.callback_metrics and "test/top1" not in fit.callback_metrics
 
     module = LRAModule(optim=FAST)  # no checkpoint to choose from: the last weights are tested, with a warning
-    fit = trainer(tmp_path, 4, enable_checkpointing=False)
+    logger = CSVLogger(tmp_path / "runs", name="lra")
+    fit = trainer(tmp_path, 4, enable_checkpointing=False, logger=logger)
     with pytest.warns(UserWarning, match="no best checkpoint"):
         fit.fit(module, datamodule=listops)
     assert fit.callback_metrics["test/top1"].item() == pytest.approx(accuracy(module, listops.test_dataloader()))
+    assert fit.ckpt_path == str(tmp_path / "runs" / "lra" / "version_0" / "checkpoints" / "end_of_fit.ckpt")
+    assert Path(fit.ckpt_path).is_file() and not list(tmp_path.glob("*.ckpt"))  # in the run's folder only
 
 
 def test_sizes_given_and_disagreeing_with_the_data_are_named(tmp_path, listops):

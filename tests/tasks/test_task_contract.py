@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import write_jpeg
 from training_helpers import CONFIGS, QUICKSTART, experiment_configs, fit
 
+from polyattn_lightning import cli
 from polyattn_lightning.attention import attention_modules
+from polyattn_lightning.callbacks import AttentionNorms
 from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.data.lra.base import seeded_split
 from polyattn_lightning.errors import ConfigError
@@ -146,6 +149,10 @@ def test_an_old_run_resumes_from_its_saved_config_and_checkpoint(tmp_path, monke
                   "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1")
     assert run.trainer.global_step == 4
     assert run.model.optim.lr == 2e-3 and "recipe" not in run.model.hparams  # mapped onto the new keys
+    # the callbacks it lists run, as they ran (its plain last ModelCheckpoint, not the standard LastCheckpoint)
+    names = sorted(type(cb).__name__ for cb in run.trainer.callbacks if isinstance(cb, ModelCheckpoint))
+    assert names == ["ModelCheckpoint", "ModelCheckpoint"]
+    assert [cb.every_n_steps for cb in run.trainer.callbacks if isinstance(cb, AttentionNorms)] == [50]
     saved = load_checkpoint(tmp_path / "runs" / "old_run" / "version_0" / "checkpoints" / "last.ckpt")
     assert saved["hyper_parameters"]["optim"]["lr"] == 2e-3 and "recipe" not in saved["hyper_parameters"]
 
@@ -175,3 +182,23 @@ def test_a_split_larger_than_the_data_or_empty_is_one_error_naming_the_sizes():
         seeded_split(data, [10 - 15, 15], seed=0, names=["training", "validation (val_size)"])
     with pytest.raises(ConfigError, match="cannot split 10 samples into split 0 8, split 1 4: 12 samples asked for"):
         seeded_split(data, [8, 4], seed=0)
+
+
+def test_a_deprecated_key_on_the_command_line_overrides_the_one_field_it_names():
+    """``--model.recipe.optim.lr 0`` on a config written with the new keys: read as ``--model.optim.lr 0`` (the
+    config's other optim fields kept), with one deprecation line; never "given twice"."""
+    new = cli.make_cli(["--config", str(QUICKSTART), "--model.optim.lr", "0", "--model.drop_path_rate", "0.1"],
+                       run=False).model
+    with pytest.warns(FutureWarning) as caught:
+        old = cli.make_cli(["--config", str(QUICKSTART), "--model.recipe.optim.lr", "0",
+                            "--model.init_args.recipe.drop_path_rate=0.1"], run=False).model
+    messages = [str(w.message) for w in caught if "is deprecated: it is" in str(w.message)]
+    assert messages == ["--model.recipe.optim.lr is deprecated: it is --model.optim.lr now (given as that)",
+                        "--model.init_args.recipe.drop_path_rate is deprecated: it is "
+                        "--model.init_args.drop_path_rate now (given as that)"]
+    assert old.optim == new.optim and old.optim.lr == 0 and old.optim.weight_decay == 0.05  # the config's others
+    assert old.hparams.drop_path_rate == 0.1 and old.hparams.get("recipe") is None
+    # the later of the two spellings wins, as for any key given twice on the command line
+    later = cli.make_cli(["--config", str(QUICKSTART), "--model.recipe.optim.lr", "0", "--model.optim.lr", "0.5"],
+                         run=False).model
+    assert later.optim.lr == 0.5

@@ -2,14 +2,22 @@
 
 The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
-time a process needs them, some 15 s, then loaded from there.
+time a process needs them, then loaded from there. The build takes 12-16 s on
+a 2-core machine at load 1.3 and 30-80 s at load 2-3.6 (measured with
+``python -c "from polyattn_lightning.attention.kernels import cpp; cpp.build()"``
+with no build of the current name); one line on stderr says so before it starts.
 
-The build is keyed by content: its name holds the CPU's vector extensions (so
-nodes of different CPU generations sharing a home directory never load each
-other's binaries) and a hash of every file in ``csrc/`` (sources and headers),
-the compiler flags and the torch version. The files are copied into the build
-directory and compiled from there, so two checkouts or virtual environments
-with the same sources share one build (built once per machine), a changed
+The build is keyed by content and environment: its name holds the CPU's vector
+extensions (so nodes of different CPU generations sharing a home directory
+never load each other's binaries) and a hash of every file in ``csrc/``
+(sources and headers), the compiler flags, the torch version, the include
+directories (torch's install path and the interpreter's headers) and the
+interpreter's ABI. torch's build step compares its ``build.ninja`` (which
+names those paths) with the last one in the folder and recompiles when they
+differ, so two virtual environments sharing one folder would rebuild each
+other's kernels at every alternation: each environment gets a folder of its
+own. The files are copied into the build directory and compiled from there, so
+two checkouts of the same sources in one environment share one build, a changed
 file gets a new build, and an install missing a file can never be satisfied
 from the cache. Where the build fails (no compiler), a warning says why and the
 PyTorch implementations run instead; ``POLYATTN_FUSED_CPU=0`` turns the C++
@@ -24,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 
@@ -59,13 +68,27 @@ def kernel_files(csrc: Path) -> list[Path]:
     return sorted(path for path in csrc.iterdir() if path.suffix in (".cpp", ".h"))
 
 
-def build_name(csrc: Path, capability: str) -> str:
-    """``polyattn_cpu_<isa>_<hash>``: the hash covers every kernel file's name and bytes, the flags and torch."""
+def include_dirs() -> list[str]:
+    """The header folders a build compiles against: torch's (its install path) and the interpreter's."""
+    return [*_import_cpp_extension().include_paths(), sysconfig.get_paths()["include"]]
+
+
+def interpreter_abi() -> str:
+    """What makes a compiled module of one interpreter unloadable by another: its extension suffix
+    (implementation, version, platform), ABI flags and torch's C++ ABI."""
+    return f"{sysconfig.get_config_var('EXT_SUFFIX')} {sys.abiflags} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+
+
+def build_name(csrc: Path, capability: str, includes: list[str] | None = None, abi: str | None = None) -> str:
+    """``polyattn_cpu_<isa>_<hash>``: the hash covers every kernel file's name and bytes, the flags, torch's
+    version, the include directories (:func:`include_dirs` when None) and the ABI (:func:`interpreter_abi`)."""
     digest = hashlib.sha256()
     for path in kernel_files(csrc):
         digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
         digest.update(path.read_bytes())
-    digest.update("\0".join([*cflags(capability), torch.__version__]).encode())
+    includes = include_dirs() if includes is None else includes
+    abi = interpreter_abi() if abi is None else abi
+    digest.update("\0".join([*cflags(capability), torch.__version__, *includes, abi]).encode())
     isa = re.sub(r"\W", "_", capability.lower())
     return f"polyattn_cpu_{isa}_{digest.hexdigest()[:16]}"
 
@@ -98,8 +121,12 @@ def build(csrc: Path = CSRC) -> Path:
             partial = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
             shutil.copyfile(path, partial)
             os.replace(partial, target)
-    if not (directory / f"{name}.so").exists():  # the one pause of some 15 s a user would otherwise wonder about
-        sys.stderr.write(f"compiling the C++ attention kernels for this CPU (once; cached in {directory})\n")
+    if not (directory / f"{name}.so").exists():  # the one pause a user would otherwise wonder about
+        sys.stderr.write(
+            f"compiling the C++ attention kernels for this CPU: about 15 s, up to 80 s when the CPU is busy "
+            f"(once per environment; cached in {directory})\n"
+        )
+        sys.stderr.flush()
     cpp_extension.load(
         name=name,
         sources=[str(source_dir / source) for source in SOURCE_NAMES],

@@ -1,4 +1,5 @@
-"""The C++ kernels' build is keyed by content: one build per source version and machine, wherever the sources lie."""
+"""The C++ kernels' build is keyed by content and environment: one build per source version, machine and
+environment (torch install, interpreter), wherever the sources lie."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
 from polyattn_lightning.attention.kernels import cpp
 
@@ -29,6 +32,21 @@ def test_build_name_follows_content_not_location(tmp_path):
     assert cpp.build_name(b, CAPABILITY) != cpp.build_name(a, CAPABILITY)
     (a / "common.h").unlink()  # an install missing a file never names the complete build
     assert cpp.build_name(a, CAPABILITY) not in (cpp.build_name(b, CAPABILITY), cpp.build_name(cpp.CSRC, CAPABILITY))
+
+
+def test_build_name_follows_the_environment():
+    """Two virtual environments with the same torch version but their own install paths (include directories)
+    or interpreter ABI get two builds; one environment's calls agree with each other and with the default."""
+    venv_a = ["/venv_a/lib/python3.11/site-packages/torch/include", "/usr/include/python3.11"]
+    venv_b = ["/venv_b/lib/python3.11/site-packages/torch/include", "/usr/include/python3.11"]
+    abi = cpp.interpreter_abi()
+    first, again = cpp.build_name(cpp.CSRC, CAPABILITY, venv_a, abi), cpp.build_name(cpp.CSRC, CAPABILITY, venv_a, abi)
+    assert first == again
+    assert cpp.build_name(cpp.CSRC, CAPABILITY, venv_b, abi) != first
+    assert cpp.build_name(cpp.CSRC, CAPABILITY, venv_a, abi.replace("311", "312")) != first
+    here = cpp.include_dirs()
+    assert any(path.startswith(str(Path(torch.__file__).parent)) for path in here)  # torch's install path
+    assert cpp.build_name(cpp.CSRC, CAPABILITY) == cpp.build_name(cpp.CSRC, CAPABILITY, here, abi)
 
 
 def test_missing_source_raises_instead_of_loading_a_cached_build(tmp_path):
