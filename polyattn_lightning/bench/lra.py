@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrieval-batch", type=int, default=32, help="batch of the Retrieval step (default 32)")
     parser.add_argument("--retrieval-length", type=int, default=4000, help="its tokens per document (default 4000)")
     parser.add_argument("--pathx-steps", type=int, default=300, help="Path-X training steps (default 300)")
-    parser.add_argument("--pathx-batch", type=int, default=8, help="Path-X batch (default 8)")
+    parser.add_argument("--pathx-batch", type=int, default=2, help="Path-X batch (default 2)")
     parser.add_argument("--pathx-images", type=int, default=2048, help="Path-X images generated (default 2048)")
     parser.add_argument("--pathx-resolution", type=int, default=128, help="128 (Path-X); 32 for a quick check")
     parser.add_argument("--device", default="cpu", help="device of the pathx part (cpu, cuda)")

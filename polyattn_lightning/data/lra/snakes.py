@@ -61,7 +61,7 @@ class Geometry:
     thickness: int  # dash width
     marker: int  # half-width of the square end markers: (2 marker + 1) pixels wide
     distractors: int  # distractor paths tried per image (one that finds no room is left out)
-    turn: float = 0.5  # at most this change of direction from one dash to the next
+    turn: float  # at most this change of direction from one dash to the next
 
 
 #: One path of 14 dashes is (segment + gap) * 14 pixels long: about the image's width at every resolution.
@@ -96,6 +96,11 @@ class PathfinderSpec:
     def tag(self, resolution: int, difficulty: str) -> str:
         """A folder name that says what was generated."""
         return f"pathfinder{resolution}-{difficulty}-n{self.num_images}-per{self.images_per_folder}-seed{self.seed}"
+
+
+def distractor_dashes(contour_length: int) -> int:
+    """Dashes per distractor path: a third of a target path's (at least 2)."""
+    return max(2, contour_length // 3)
 
 
 def geometry(resolution: int, difficulty: str) -> tuple[Geometry, int]:
@@ -188,16 +193,23 @@ class Canvas:
         or None; every dash drawn is on ``records``."""
         geo, rng = self.geo, self.rng
         steps = np.arange(0, geo.segment - 1 + 1e-9, 0.5)  # half-pixel samples along one dash
+        # the centres a dash may have: room for its brush and for a marker at an end
+        low = geo.marker - self.brush.min()
+        high = self.size - geo.marker - self.brush.max()
         placed: list[tuple] = []  # (point, heading) each drawn dash started from
         backups = 0
         while len(placed) < len(order):
             dash, turning = order[len(placed)], bool(placed)
-            for _ in range(tries if turning else 1):  # the first dash of a half goes straight on
-                turned = heading + (rng.uniform(-geo.turn, geo.turn) if turning else 0.0)
+            # the first dash of a half goes straight on
+            turns = heading + rng.uniform(-geo.turn, geo.turn, tries) if turning else [heading]
+            for turned in turns:
                 direction = np.array([math.cos(turned), math.sin(turned)])
+                tail = point + (geo.segment - 1) * direction  # rounded as np.rint does: half to even
+                if not all(low <= round(c) < high for c in (point[0], point[1], tail[0], tail[1])):
+                    continue  # off the canvas: tested without array work (most of a small image's misses)
                 centres = np.rint(point + steps[:, None] * direction).astype(np.int64)
-                pixels = self.stamp(centres, self.brush, margin=geo.marker)  # room for a marker at an end
-                if pixels is not None and self.clear(pixels, path, dash):
+                pixels = self.stamp(centres, self.brush)
+                if self.clear(pixels, path, dash):
                     records.append(self.draw(pixels, path, dash))
                     placed.append((point, heading))
                     last, heading, point = centres[-1], turned, point + (geo.segment + geo.gap) * direction
@@ -255,7 +267,7 @@ def draw_image(resolution: int, difficulty: str, label: int, rng: np.random.Gene
         if not all(canvas.marker(centre, path) for centre, path in markers):
             continue
         for path in range(3, 3 + geo.distractors):
-            canvas.path(max(2, contour // 3), path, attempts=3)
+            canvas.path(distractor_dashes(contour), path, attempts=3)
         return (canvas.ink > 0).astype(np.uint8) * INK, np.stack([centre for centre, _ in markers])
     raise RuntimeError(f"no {resolution} px Pathfinder image fits after {attempts} attempts")  # not seen in tests
 
@@ -275,9 +287,9 @@ def _write_folder(job: tuple) -> list[str]:
     for i, (index, label) in enumerate(zip(indices, folder_labels)):
         rng = np.random.default_rng([spec.seed, resolution, index])
         pixels, _ = draw_image(resolution, difficulty, int(label), rng)
-        Image.fromarray(pixels, mode="L").save(base / "imgs" / str(folder) / f"sample_{i}.png")
+        Image.fromarray(pixels).save(base / "imgs" / str(folder) / f"sample_{i}.png")
         lines.append(
-            f"imgs/{folder} sample_{i}.png {i} {label} {geo.turn} {contour} {max(2, contour // 3)} {geo.segment} "
+            f"imgs/{folder} sample_{i}.png {i} {label} {geo.turn} {contour} {distractor_dashes(contour)} {geo.segment} "
             f"{geo.thickness} {geo.gap} 1"
         )
     return lines
