@@ -6,7 +6,8 @@ all-MiniLM-L6-v2 (``[hf-example]``) with a classification head, one AdamW step o
 HF's ``sdpa``); ``generate``, the quickstart's tiny Llama (random init, vocabulary 384) generating 128 tokens
 greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``; ``calls``, one
 attention call of that model's decoding step (1 query row against ``--cache`` keys, 72 = the mean cache of
-the generation), HF's ``sdpa`` function against ``polyattn_attention``, in microseconds. The cases of each
+the generation), HF's ``sdpa`` function against ``polyattn_attention`` (its C++ step on CPU) and against the
+PyTorch step alone (``materialized_step``, what runs without the C++ build), in microseconds. The cases of each
 part run round-robin; medians and ratios are of one run.
 """
 
@@ -97,7 +98,8 @@ def attention_calls(cache: int, calls: int) -> dict:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from ..attention import set_attention
-    from ..attention.switch.hf.interface import polyattn_attention
+    from ..attention import get_activation
+    from ..attention.switch.hf.interface import materialized_step, polyattn_attention
 
     base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
     module = base.model.layers[0].self_attn
@@ -117,9 +119,13 @@ def attention_calls(cache: int, calls: int) -> dict:
 
         return run
 
+    def pytorch_step(_, *args, scaling, **__):  # the decoding step without the C++ op (and without the interface)
+        return materialized_step(*args[:3], get_activation("poly3"), scaling)
+
     return {
         "sdpa": repeat(sdpa_attention_forward, module),
         "poly3": repeat(polyattn_attention, switched.model.layers[0].self_attn),
+        "poly3 PyTorch step": repeat(pytorch_step, None),
     }
 
 

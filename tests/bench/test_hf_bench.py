@@ -15,7 +15,8 @@ def test_hf_bench_reports_ratios(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["minilm_step"]) == {"softmax", "poly3"} and report["minilm_step"]["softmax"]["ratio_time"] == 1
     assert set(report["llama_generate"]) == {"sdpa", "poly3"} and report["llama_generate"]["poly3"]["ratio_time"] > 0
-    assert set(report["decode_call"]) == {"sdpa", "poly3"} and report["decode_call"]["poly3"]["us_per_call"] > 0
+    assert set(report["decode_call"]) == {"sdpa", "poly3", "poly3 PyTorch step"}
+    assert report["decode_call"]["poly3"]["us_per_call"] > 0
     assert "load_average_before" in report["machine"]
 
 
