@@ -129,8 +129,12 @@ class Canvas:
         self.size, self.geo, self.rng = size, geo, rng
         self.maps = np.zeros((4, size, size), dtype=np.int32)  # one array, so a box of all four is one copy
         self.ink, self.near, self.low, self.high = self.maps
-        self.brush = square((geo.thickness - 1) / 2)
-        self.block = square(geo.marker)
+        reach = geo.gap + 1
+        # per shape drawn (a dash's brush, a marker): its offsets, and those of the square within reach of it
+        self.shapes = {
+            radius: (square(radius), square(radius + reach)) for radius in ((geo.thickness - 1) / 2, geo.marker)
+        }
+        self.brush, self.block = self.shapes[(geo.thickness - 1) / 2][0], self.shapes[geo.marker][0]
 
     def stamp(self, centres: np.ndarray, shape: np.ndarray, margin: int = 0) -> np.ndarray | None:
         """The pixels of ``shape`` placed at each of ``centres`` (repeats kept); None if one falls within
@@ -148,16 +152,18 @@ class Canvas:
             return False
         return dash is None or not np.any((near == path) & ((low < dash - 1) | (high > dash + 1)))
 
-    def draw(self, pixels: np.ndarray, path: int, dash: int) -> tuple:
-        """Ink ``pixels`` as ``dash`` of ``path``; what :meth:`undo` needs to take it back."""
-        reach = self.geo.gap + 1
-        lo, hi = np.maximum(pixels.min(0) - reach, 0), np.minimum(pixels.max(0) + reach + 1, self.size)
+    def draw(self, centres: np.ndarray, radius: float, path: int, dash: int) -> tuple:
+        """Ink the square of ``radius`` at each of ``centres`` as ``dash`` of ``path``; what :meth:`undo` needs to
+        take it back."""
+        shape, around = self.shapes[radius]
+        pixels = (centres[:, None, :] + shape[None]).reshape(-1, 2)
+        reached = (centres[:, None, :] + around[None]).reshape(-1, 2).clip(0, self.size - 1)
+        lo, hi = reached.min(0), reached.max(0) + 1
         box = (slice(lo[0], hi[0]), slice(lo[1], hi[1]))
         undo = (box, self.maps[(slice(None), *box)].copy())
         self.ink[pixels[:, 0], pixels[:, 1]] = path
         within = np.zeros(hi - lo, dtype=bool)
-        within[pixels[:, 0] - lo[0], pixels[:, 1] - lo[1]] = True
-        within = dilate(within, reach)
+        within[reached[:, 0] - lo[0], reached[:, 1] - lo[1]] = True
         near, low, high = self.near[box], self.low[box], self.high[box]  # views: written in place
         fresh, mine = within & (near == 0), within & (near == path)
         near[within & (near != 0) & (near != path)] = -1
@@ -192,7 +198,7 @@ class Canvas:
         the last dash is taken back and drawn anew (at most ``tries`` times per dash in all). The last pixel,
         or None; every dash drawn is on ``records``."""
         geo, rng = self.geo, self.rng
-        steps = np.arange(0, geo.segment - 1 + 1e-9, 0.5)  # half-pixel samples along one dash
+        steps = np.arange(geo.segment, dtype=float)  # one sample a pixel: rounded, consecutive ones touch
         # the centres a dash may have: room for its brush and for a marker at an end
         low = geo.marker - self.brush.min()
         high = self.size - geo.marker - self.brush.max()
@@ -201,16 +207,22 @@ class Canvas:
         while len(placed) < len(order):
             dash, turning = order[len(placed)], bool(placed)
             # the first dash of a half goes straight on
-            turns = heading + rng.uniform(-geo.turn, geo.turn, tries) if turning else [heading]
+            turns = (heading + rng.uniform(-geo.turn, geo.turn, tries)).tolist() if turning else [heading]
+            y, x = point.tolist()
             for turned in turns:
-                direction = np.array([math.cos(turned), math.sin(turned)])
-                tail = point + (geo.segment - 1) * direction  # rounded as np.rint does: half to even
-                if not all(low <= round(c) < high for c in (point[0], point[1], tail[0], tail[1])):
-                    continue  # off the canvas: tested without array work (most of a small image's misses)
+                cos, sin = math.cos(turned), math.sin(turned)
+                tail_y, tail_x = y + (geo.segment - 1) * cos, x + (geo.segment - 1) * sin
+                # off the canvas (most of a small image's misses): found in floats, without array work; round()
+                # rounds half to even, as np.rint below
+                if not (low <= round(min(y, tail_y)) and round(max(y, tail_y)) < high):
+                    continue
+                if not (low <= round(min(x, tail_x)) and round(max(x, tail_x)) < high):
+                    continue
+                direction = np.array([cos, sin])
                 centres = np.rint(point + steps[:, None] * direction).astype(np.int64)
                 pixels = self.stamp(centres, self.brush)
                 if self.clear(pixels, path, dash):
-                    records.append(self.draw(pixels, path, dash))
+                    records.append(self.draw(centres, (geo.thickness - 1) / 2, path, dash))
                     placed.append((point, heading))
                     last, heading, point = centres[-1], turned, point + (geo.segment + geo.gap) * direction
                     break
@@ -227,7 +239,7 @@ class Canvas:
         pixels = self.stamp(centre[None], self.block)
         if pixels is None or not self.clear(pixels, path, dash=None):
             return False
-        self.draw(pixels, path, dash=0)
+        self.draw(centre[None], self.geo.marker, path, dash=0)
         return True
 
 
@@ -235,19 +247,6 @@ def square(radius: float) -> np.ndarray:
     """The integer offsets of a square ``2 radius + 1`` wide (an even width when ``radius`` ends in .5)."""
     side = np.arange(-math.floor(radius), math.ceil(radius) + 1)
     return np.stack(np.meshgrid(side, side, indexing="ij"), -1).reshape(-1, 2)
-
-
-def dilate(mask: np.ndarray, radius: int) -> np.ndarray:
-    """``mask`` grown by ``radius`` pixels (Chebyshev): shifted copies OR-ed along each axis."""
-    for axis in (0, 1):
-        grown, n = mask.copy(), mask.shape[axis]
-        for shift in range(1, min(radius, n - 1) + 1):
-            ahead, behind = [slice(None)] * 2, [slice(None)] * 2
-            ahead[axis], behind[axis] = slice(shift, None), slice(None, n - shift)
-            grown[tuple(ahead)] |= mask[tuple(behind)]
-            grown[tuple(behind)] |= mask[tuple(ahead)]
-        mask = grown
-    return mask
 
 
 def draw_image(resolution: int, difficulty: str, label: int, rng: np.random.Generator, attempts: int = 50):
