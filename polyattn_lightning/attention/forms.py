@@ -28,9 +28,14 @@ class FusedForm(IntEnum):
     SIGMOID = 3
 
 
+_BY_NAME = {form.name: form for form in FusedForm}
+
+
 def form_of(kernel: tuple) -> tuple[FusedForm, int] | None:
-    """``(form, power)`` of an ``Activation.kernel`` tuple, or None for a form no fused kernel knows."""
-    if not kernel or kernel[0].upper() not in FusedForm.__members__:
+    """``(form, power)`` of an ``Activation.kernel`` tuple, or None for a form no fused kernel knows.
+
+    Asked on every attention call (a decoding step's whole budget is a few microseconds): one dict lookup."""
+    form = _BY_NAME.get(kernel[0].upper()) if kernel else None
+    if form is None:
         return None
-    form = FusedForm[kernel[0].upper()]
     return form, (int(kernel[1]) if form is FusedForm.POLY else 1)

@@ -21,6 +21,7 @@ parameter register a name pattern: ``poly{p}`` makes ``poly1``, ``poly3``, ...
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 import re
 from dataclasses import dataclass, field
@@ -91,6 +92,16 @@ class Activation:
         if self.shift == "neg_log_n":
             return -torch.log(n.clamp_min(1))
         return torch.zeros_like(n)
+
+    def row_constants(self, n: int) -> tuple[float, float]:
+        """``(c(n), b(n))`` for one key count, as floats: a decoding step, where every row attends all ``n``
+        keys (:meth:`row_scale` / :meth:`row_shift` in double precision, without a tensor op)."""
+        n = max(n, 1)
+        if isinstance(self.scale, str):
+            scale = {"inv_sqrt_n": n**-0.5, "inv_n": 1.0 / n, "none": 1.0}[self.scale]
+        else:
+            scale = float(self.scale)
+        return scale, -math.log(n) if self.shift == "neg_log_n" else 0.0
 
     @property
     def fused_form(self) -> tuple[FusedForm, int] | None:
@@ -181,6 +192,10 @@ def get_activation(spec: ActivationSpec, **overrides) -> Activation:
     Keyword ``overrides`` (e.g. ``scale=0.07``) are merged into the options; a
     value of None is ignored so callers can pass optional overrides straight on.
     """
+    if isinstance(spec, str) and not overrides:  # a module's spec on every call: one lookup (else some 1 us)
+        activation = _RESOLVED.get((spec, ()))
+        if activation is not None:
+            return activation
     if isinstance(spec, Activation):
         if any(v is not None for v in overrides.values()):
             raise ValueError(f"options {sorted(overrides)} cannot be applied to an already built Activation")

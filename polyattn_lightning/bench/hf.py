@@ -1,10 +1,14 @@
 """HF model benchmarks: a MiniLM fine-tuning step and a tiny Llama generating with the KV cache, x^3 against softmax.
 
-``python -m polyattn_lightning.bench hf``: the pretrained all-MiniLM-L6-v2 (``[hf-example]``) with a
-classification head, one AdamW step on a batch of 16 x 128 tokens (random ids, no padding), switched to
-``poly3`` and kept on softmax (through the same interface, which equals HF's ``sdpa``); and the quickstart's
-tiny Llama (random init, vocabulary 384) generating 128 tokens greedily after an 8-token prompt with the
-KV cache, ``poly3`` against HF's own ``sdpa``. The cases run round-robin; medians and ratios are of one run.
+``python -m polyattn_lightning.bench hf [--parts minilm,generate,calls]``: ``minilm``, the pretrained
+all-MiniLM-L6-v2 (``[hf-example]``) with a classification head, one AdamW step on a batch of 16 x 128 tokens
+(random ids, no padding), switched to ``poly3`` and kept on softmax (through the same interface, which equals
+HF's ``sdpa``); ``generate``, the quickstart's tiny Llama (random init, vocabulary 384) generating 128 tokens
+greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``; ``calls``, one
+attention call of that model's decoding step (1 query row against ``--cache`` keys, 72 = the mean cache of
+the generation), HF's ``sdpa`` function against ``polyattn_attention`` (its C++ step on CPU) and against the
+PyTorch step alone (``materialized_step``, what runs without the C++ build), in microseconds. The cases of each
+part run round-robin; medians and ratios are of one run.
 """
 
 from __future__ import annotations
@@ -88,6 +92,43 @@ def llama_generation(new_tokens: int) -> dict:
     return {"sdpa": generate(base), "poly3": generate(switched)}
 
 
+def attention_calls(cache: int, calls: int) -> dict:
+    """One attention call of a cached decoding step of the generation's model, each case ``calls`` times a sample."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from ..attention import set_attention
+    from ..attention import get_activation
+    from ..attention.switch.hf.interface import materialized_step, polyattn_attention
+
+    base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+    module = base.model.layers[0].self_attn
+    switched = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+    set_attention(switched, "poly3")
+    heads, kv_heads = LLAMA["num_attention_heads"], LLAMA["num_key_value_heads"]
+    dim = LLAMA["hidden_size"] // heads
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 1, heads, dim, generator=g).transpose(1, 2)  # as the model's projection hands it over
+    key, value = (torch.randn(1, kv_heads, cache, dim, generator=g) for _ in range(2))
+
+    def repeat(function, module):
+        def run(_):
+            with torch.no_grad():
+                for _ in range(calls):
+                    function(module, query, key, value, None, dropout=0.0, scaling=dim**-0.5)
+
+        return run
+
+    def pytorch_step(_, *args, scaling, **__):  # the decoding step without the C++ op (and without the interface)
+        return materialized_step(*args[:3], get_activation("poly3"), scaling)
+
+    return {
+        "sdpa": repeat(sdpa_attention_forward, module),
+        "poly3": repeat(polyattn_attention, switched.model.layers[0].self_attn),
+        "poly3 PyTorch step": repeat(pytorch_step, None),
+    }
+
+
 def summarise(times: dict[str, list[float]], base: str, per: int, unit: str) -> dict:
     cases = {name: {"s": statistics.median(t), "samples_s": t} for name, t in times.items()}
     for entry in cases.values():
@@ -96,30 +137,54 @@ def summarise(times: dict[str, list[float]], base: str, per: int, unit: str) -> 
     return cases
 
 
+PARTS = ("minilm", "generate", "calls")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median reported)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--cache", type=int, default=72, help="keys in the cache of the calls part")
+    parser.add_argument("--calls", type=int, default=2000, help="attention calls per sample of the calls part")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of {', '.join(PARTS)}")
     load_before = os.getloadavg()
     report = {"command": " ".join(["python -m polyattn_lightning.bench hf", *argv])}
-    times = interleaved(minilm_steps(args.batch, args.length), args.repeats)
-    report["minilm_step"] = summarise(times, "softmax", args.batch, "sequences")
-    times = interleaved(llama_generation(args.new_tokens), args.repeats)
-    report["llama_generate"] = summarise(times, "sdpa", args.new_tokens, "tokens")
+    if "minilm" in parts:
+        times = interleaved(minilm_steps(args.batch, args.length), args.repeats)
+        report["minilm_step"] = summarise(times, "softmax", args.batch, "sequences")
+    if "generate" in parts:
+        times = interleaved(llama_generation(args.new_tokens), args.repeats)
+        report["llama_generate"] = summarise(times, "sdpa", args.new_tokens, "tokens")
+    if "calls" in parts:
+        times = interleaved(attention_calls(args.cache, args.calls), args.repeats)
+        report["decode_call"] = summarise(times, "sdpa", args.calls, "calls")
+        for entry in report["decode_call"].values():
+            entry["us_per_call"] = entry["s"] / args.calls * 1e6
     report["machine"] = machine(load_before)
-    print(f"MiniLM fine-tuning step, batch {args.batch} x {args.length} tokens")
-    print("| case | s/step | x softmax |\n|---|---|---|")
-    for name, e in report["minilm_step"].items():
-        print(f"| {name} | {e['s']:.3f} | {e['ratio_time']:.3f} |")
-    print(f"tiny Llama generating {args.new_tokens} tokens with the KV cache")
-    print("| case | s | tokens/s | x sdpa |\n|---|---|---|---|")
-    for name, e in report["llama_generate"].items():
-        print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
+    if "minilm_step" in report:
+        print(f"MiniLM fine-tuning step, batch {args.batch} x {args.length} tokens")
+        print("| case | s/step | x softmax |\n|---|---|---|")
+        for name, e in report["minilm_step"].items():
+            print(f"| {name} | {e['s']:.3f} | {e['ratio_time']:.3f} |")
+    if "llama_generate" in report:
+        print(f"tiny Llama generating {args.new_tokens} tokens with the KV cache")
+        print("| case | s | tokens/s | x sdpa |\n|---|---|---|---|")
+        for name, e in report["llama_generate"].items():
+            print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
+    if "decode_call" in report:
+        print(f"one attention call of its decoding step, 1 query row x {args.cache} cached keys")
+        print("| case | us/call | x sdpa |\n|---|---|---|")
+        for name, e in report["decode_call"].items():
+            print(f"| {name} | {e['us_per_call']:.2f} | {e['ratio_time']:.3f} |")
     print(f"load average before {load_before}, after {report['machine']['load_average_after']}")
     write_report(report, args.json)
     return 0

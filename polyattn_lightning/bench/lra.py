@@ -21,6 +21,13 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
   back to its math kernel, which holds several N x N matrices: tens of GB here). Each case also
   runs at 2000 tokens: memory that is linear in N grows 2x from 2000 to 4000 tokens, an N x N
   tensor 4x. Each case is one timed step and one profiled step.
+* ``pathx`` (not in the default parts; hours on a CPU): ``--pathx-steps`` training steps (300) of the
+  encoder on Path-X (128 x 128 = 16,384 pixel tokens; ``--pathx-images`` images drawn on first use by
+  ``data/lra/snakes.py`` and cached), x^3 at 1/sqrt(N) without attention dropout (so ``kernel="auto"`` may
+  take a linear-time form), batch ``--pathx-batch``, AdamW at Pathfinder's lr 1e-4, on ``--device`` (bf16
+  autocast on CUDA). Reports the kernel ``auto`` picks at this shape, the median step time after 5 warm-up
+  steps, samples and tokens per second, one step's peak memory, and the loss and training accuracy of the
+  first and last 50 steps (a 300-step run is a speed and stability check, not a Path-X result).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ RETRIEVAL_CASES = [
     ("poly3+bf16", POLY3, 0.1, True),
 ]
 VOCAB = 257  # bytes + padding, as the Text and Retrieval data
+PARTS = ("throughput", "retrieval4k", "pathx")
 
 
 @dataclass
@@ -164,6 +172,78 @@ def retrieval4k(batch_size: int, length: int = 4000) -> dict:
     return results
 
 
+def pathx(steps: int, batch_size: int, images: int, resolution: int = 128, device: str = "cpu") -> dict:
+    """Training steps on a generated Path-X set (see the module docstring); ``resolution`` 32 for a quick check."""
+    from ..attention import kernel_choice
+    from ..data.lra import PathfinderDataModule, PathfinderSpec
+
+    start = time.perf_counter()
+    data = PathfinderDataModule(
+        generate=PathfinderSpec(num_images=images), resolution=resolution, batch_size=batch_size
+    )
+    data.prepare_data()
+    data.setup("fit")
+    prepared_s = time.perf_counter() - start
+    torch.manual_seed(0)
+    model = LRAClassifier(256, resolution**2, 2, attention="poly3", attn_dropout=0.0).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.0)
+    heads, head_dim = model.encoder.blocks[0].attn.num_heads, model.encoder.blocks[0].attn.head_dim
+    q = torch.empty(batch_size, heads, resolution**2, head_dim, device=device)
+    choice = kernel_choice(q, q, q, "poly3", temperature=head_dim**-0.5)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+
+    def step(batch: dict) -> tuple[float, float]:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits = model(batch["input_ids"].to(device), batch["mask"].to(device))
+        loss = nn.functional.cross_entropy(logits.float(), batch["label"].to(device))
+        loss.backward()
+        optimizer.step()
+        return loss.item(), (logits.argmax(-1).cpu() == batch["label"]).float().mean().item()
+
+    print(
+        f"pathx: {steps} steps of {batch_size} x {resolution**2} tokens on {device}, kernel {choice.kernel}",
+        file=sys.stderr,
+        flush=True,
+    )
+    times, losses, accuracy, batches = [], [], [], iter(())
+    for _ in range(steps):
+        batch = next(batches, None)
+        if batch is None:  # a new epoch, reshuffled
+            batches = iter(data.train_dataloader())
+            batch = next(batches)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        begin = time.perf_counter()
+        loss, correct = step(batch)
+        times.append(time.perf_counter() - begin)
+        losses.append(loss)
+        accuracy.append(correct)
+    seconds = statistics.median(times[5:] or times)
+    window = min(50, steps)
+    return {
+        "resolution": resolution,
+        "tokens": resolution**2,
+        "batch": batch_size,
+        "steps": steps,
+        "images": images,
+        "device": device,
+        "kernel": choice.kernel,
+        "passed_over": choice.passed_over,
+        "data_prepare_s": prepared_s,
+        "step_s": seconds,
+        "samples_per_s": batch_size / seconds,
+        "tokens_per_s": batch_size * resolution**2 / seconds,
+        "peak_bytes": step_peak_bytes(lambda: step(next(iter(data.train_dataloader()))), torch.device(device)),
+        "loss_first": statistics.mean(losses[:window]),
+        "loss_last": statistics.mean(losses[-window:]),
+        "train_accuracy_first": statistics.mean(accuracy[:window]),
+        "train_accuracy_last": statistics.mean(accuracy[-window:]),
+        "samples_s": times,
+        "losses": losses,
+    }
+
+
 def format_report(report: dict) -> str:
     lines = []
     for task, result in report.get("throughput", {}).items():
@@ -192,24 +272,42 @@ def format_report(report: dict) -> str:
                 f"{large['step_s']:.1f}, {large['peak_bytes'] / 2**20:.0f} | {e['peak_growth']:.2f}x | "
                 f"{large['peak_over_nxn_fp32']:.3f} | {e['peak_ratio_to_softmax']:.2f} |"
             )
+    if "pathx" in report:
+        e = report["pathx"]
+        lines += [
+            f"\nPath-X: {e['steps']} training steps of {e['batch']} x {e['tokens']} tokens on {e['device']}, "
+            f"kernel {e['kernel']!r}",
+            "| s/step | samples/s | tokens/s | peak MiB | loss first / last 50 | train acc first / last 50 |",
+            "|---|---|---|---|---|---|",
+            f"| {e['step_s']:.2f} | {e['samples_per_s']:.2f} | {e['tokens_per_s']:.0f} | "
+            f"{e['peak_bytes'] / 2**20:.0f} | {e['loss_first']:.3f} / {e['loss_last']:.3f} | "
+            f"{e['train_accuracy_first']:.2f} / {e['train_accuracy_last']:.2f} |",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench lra", description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="throughput,retrieval4k", help="comma list of throughput, retrieval4k")
+    parser.add_argument(
+        "--parts", default="throughput,retrieval4k", help=f"comma list of {', '.join(PARTS)} (pathx: not by default)"
+    )
     parser.add_argument("--batch", type=int, default=4, help="throughput batch (default 4: a CPU-sized batch)")
     parser.add_argument("--repeats", type=int, default=2, help="timed throughput steps per case (median reported)")
     parser.add_argument("--length", type=int, default=4096, help="throughput tokens per sequence (default 4096)")
     parser.add_argument("--retrieval-batch", type=int, default=32, help="batch of the Retrieval step (default 32)")
     parser.add_argument("--retrieval-length", type=int, default=4000, help="its tokens per document (default 4000)")
+    parser.add_argument("--pathx-steps", type=int, default=300, help="Path-X training steps (default 300)")
+    parser.add_argument("--pathx-batch", type=int, default=2, help="Path-X batch (default 2)")
+    parser.add_argument("--pathx-images", type=int, default=2048, help="Path-X images generated (default 2048)")
+    parser.add_argument("--pathx-resolution", type=int, default=128, help="128 (Path-X); 32 for a quick check")
+    parser.add_argument("--device", default="cpu", help="device of the pathx part (cpu, cuda)")
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
-    unknown = set(parts) - {"throughput", "retrieval4k"}
+    unknown = set(parts) - set(PARTS)
     if unknown:
-        parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of throughput, retrieval4k")
+        parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of {', '.join(PARTS)}")
 
     load_before = os.getloadavg()
     report = {"command": " ".join(["python -m polyattn_lightning.bench lra", *argv])}
@@ -218,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     if "retrieval4k" in parts:
         report["retrieval_batch"] = args.retrieval_batch
         report["retrieval4k"] = retrieval4k(args.retrieval_batch, args.retrieval_length)
-    report["machine"] = machine(load_before)
+    if "pathx" in parts:
+        report["pathx"] = pathx(
+            args.pathx_steps, args.pathx_batch, args.pathx_images, args.pathx_resolution, args.device
+        )
+    report["machine"] = machine(load_before, "cuda" if args.device.startswith("cuda") else "cpu")
     print(format_report(report))
     write_report(report, args.json)
     return 0

@@ -17,8 +17,9 @@ from test_lra_data import write_aan, write_cifar, write_imdb, write_pathfinder  
 
 from polyattn_lightning import cli
 from polyattn_lightning.attention import attention, get_activation
-from polyattn_lightning.data.lra import ListOpsSpec
+from polyattn_lightning.data.lra import ListOpsSpec, PathfinderSpec
 from polyattn_lightning.data.lra.listops import default_root, write_dataset
+from polyattn_lightning.data.lra.snakes import write_dataset as write_pathfinder_set
 from polyattn_lightning.tasks import LRAModule
 from training_helpers import built, experiment_configs, fit, named_pieces, runs_activation
 
@@ -36,6 +37,9 @@ RECIPE = {
     "pathfinder": ("PathfinderDataModule", 256, 62400, 312),
 }
 EXPERIMENTS = sorted(path for task in RECIPE for path in (LRA / task).glob("*.yaml"))
+#: Pathfinder at full length, on poly3 only: (resolution, batch, accumulated batches, validation every n batches)
+FULL_LENGTH = {"pathx": (128, 32, 8, 2496), "path256": (256, 8, 32, 9984)}
+FULL_LENGTH_EXPERIMENTS = sorted(path for task in FULL_LENGTH for path in (LRA / task).glob("*.yaml"))
 ACTIVATIONS = {"softmax", "poly3", "poly1", "poly3_inv_sqrt_n", "relu", "poly1_attn_dropout0"}
 TINY_LISTOPS = ListOpsSpec(num_train=40, num_val=8, num_test=9, min_length=10, max_length=60, max_depth=3, max_args=4)
 
@@ -81,6 +85,26 @@ def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_ro
     assert runs_activation(module.model, hp.attention)
 
 
+@pytest.mark.parametrize("path", FULL_LENGTH_EXPERIMENTS, ids=lambda p: p.stem)
+def test_full_length_pathfinder_configs_build(tmp_path, monkeypatch, path: Path):
+    """Path-X and Path-256 on tiny generated sets of their resolution: Pathfinder's recipe at an effective batch of
+    256, the encoder at 16,384 / 65,536 positions, x^3 at 1/sqrt(N) without attention dropout (nothing that keeps
+    the linear form out), the generator as the data when no root is given."""
+    resolution, batch, accumulate, every = FULL_LENGTH[path.parent.name]
+    root = write_pathfinder_set(PathfinderSpec(num_images=10), tmp_path / "data", resolution=resolution)
+    monkeypatch.chdir(tmp_path)
+    run = built(path, "--data.root", str(root))
+    module, data, trainer = run.model, run.datamodule, run.trainer
+    assert type(data).__name__ == "PathfinderDataModule" and data.resolution == resolution
+    assert module.hparams.max_length == data.max_length == resolution**2
+    assert data.generate == PathfinderSpec(num_images=200_000, images_per_folder=1000, seed=0)
+    assert (data.batch_size, trainer.accumulate_grad_batches, trainer.val_check_interval) == (batch, accumulate, every)
+    assert batch * accumulate == RECIPE["pathfinder"][1] and every == RECIPE["pathfinder"][3] * accumulate
+    assert trainer.max_steps == RECIPE["pathfinder"][2] and module.optim.warmup_steps == RECIPE["pathfinder"][3]
+    assert get_activation(module.hparams.attention) == get_activation("poly3") and module.hparams.attn_dropout == 0
+    assert runs_activation(module.model, "poly3")
+
+
 def test_quickstart_config_builds(tmp_path, monkeypatch, tiny_roots):
     monkeypatch.chdir(tmp_path)
     run = built(QUICKSTART, "--data.root", str(tiny_roots["listops"]))
@@ -89,11 +113,11 @@ def test_quickstart_config_builds(tmp_path, monkeypatch, tiny_roots):
 
 
 def test_every_lra_experiment_is_built_above():
-    assert experiment_configs(LRA) == sorted([*EXPERIMENTS, QUICKSTART])
+    assert experiment_configs(LRA) == sorted([*EXPERIMENTS, *FULL_LENGTH_EXPERIMENTS, QUICKSTART])
 
 
 def test_every_lra_config_piece_is_used():
-    pieces = set(LRA.rglob("*.yaml")) - set(EXPERIMENTS) - {QUICKSTART}
+    pieces = set(LRA.rglob("*.yaml")) - set(EXPERIMENTS) - set(FULL_LENGTH_EXPERIMENTS) - {QUICKSTART}
     assert {piece.resolve() for piece in pieces} <= named_pieces(LRA)
 
 

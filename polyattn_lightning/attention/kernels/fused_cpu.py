@@ -212,6 +212,21 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
     return fused_forward(*args)[0]  # inference (decoding with a KV cache): no autograd node to build
 
 
+def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor | None:
+    """A cached-generation step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``): a few query rows
+    attending every key, no mask, no gradient, so ``n = Nk`` for every row. None where it cannot run (not CPU
+    tensors, a custom activation, no C++ build): the caller takes another kernel.
+
+    q ``(B, H, R, d)``, k/v ``(B, H_kv, Nk, d)`` in any strides (query head ``h`` reads kv head
+    ``h // (H / H_kv)``; the cache is never repeated); returns Hugging Face's ``(B, R, H, dv)`` in ``v``'s dtype.
+    """
+    form = act.fused_form
+    if form is None or q.device.type != "cpu" or not load():
+        return None
+    scale, shift = act.row_constants(k.shape[-2])
+    return torch.ops.polyattn_cpu.decode(q, k, v, int(form[0]), form[1], t, scale, shift)
+
+
 class FusedCPU(Backend):
     name = "fused_cpu"
     supports = "CPU tensors, the built-in forms (poly{p}, relu, softplus, sigmoid), every mask, bias, dropout, causal"

@@ -4,6 +4,7 @@ from .base import PAD_ID, PAD_MULTIPLE, LRADataModule, PadCollate, SequenceBuild
 from .image import CIFAR10GrayDataModule
 from .listops import ListOpsDataModule, ListOpsSpec
 from .pathfinder import PathfinderDataModule
+from .snakes import PathfinderSpec
 from .retrieval import AANDataModule
 from .text import IMDbDataModule
 
@@ -18,6 +19,7 @@ __all__ = [
     "ListOpsSpec",
     "PadCollate",
     "PathfinderDataModule",
+    "PathfinderSpec",
     "SequenceBuilder",
     "Sequences",
     "TokenDataset",

@@ -7,7 +7,14 @@ the suffix: one image per line, space-separated, field 0 the image folder
 (``lra_benchmarks/data/pathfinder.py`` and ``image/input_pipeline.py``): the PNG's
 pixel values (0-255) are the tokens, row by row (vocabulary 256, length 1024 at
 32 x 32), and empty image files are dropped (the release has one). LRA's task is
-``curv_contour_length_14`` ("hard"). All images are decoded once, in ``setup``.
+``curv_contour_length_14`` ("hard") at 32 x 32; Path-X is the same task at 128 x 128
+(``pathfinder128/``, 16,384 tokens), and Path-256 at 256 x 256 (``pathfinder256/``,
+65,536 tokens). All images are decoded once, in ``setup`` (200k images take 0.2 GB
+at 32 px, 3.3 GB at 128 px, 13 GB at 256 px).
+
+Without ``root`` and with ``generate``, :mod:`.snakes` draws the set on first use in
+``$XDG_CACHE_HOME/polyattn_lightning/lra/<what was generated>`` (``~/.cache`` without
+``XDG_CACHE_HOME``), in this layout, and it is read from there afterwards.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from torch.utils.data import Dataset
 
 from ...errors import DataError, MissingPathError
 from ..image_check import require_readable
+from ..base import available_cpus
 from .base import LRADataModule, Sequences, TokenDataset, fraction_sizes, parse_label, seeded_split
+from .snakes import PathfinderSpec, default_root, geometry, write_dataset
 
 
 def _metadata_order(path: Path):
@@ -29,7 +38,8 @@ def _metadata_order(path: Path):
 
 
 class PathfinderDataModule(LRADataModule):
-    """LRA Pathfinder (2 classes); ``--data.root`` is the LRA release folder holding ``pathfinder32/``.
+    """LRA Pathfinder (2 classes); ``--data.root`` is the LRA release folder holding ``pathfinder32/``, or
+    ``generate`` makes the set on first use (a given ``root`` is always read, never generated into).
 
     One seeded 80/10/10 split of every listed image into train/validation/test.
     Unreadable, empty or missing image files are skipped, with one warning that counts them.
@@ -37,10 +47,15 @@ class PathfinderDataModule(LRADataModule):
 
     vocab_size = 256
     num_classes = 2
+    layout = (
+        "pathfinder<resolution>/<difficulty>/metadata/<k>.npy (text, one image per line: <folder> <file> <index> "
+        "<label>) and pathfinder<resolution>/<difficulty>/imgs/<k>/sample_<i>.png (grayscale)"
+    )
 
     def __init__(
         self,
         root: str | None = None,
+        generate: PathfinderSpec | None = None,
         resolution: int = 32,
         difficulty: str = "curv_contour_length_14",
         split_seed: int = 0,
@@ -51,19 +66,35 @@ class PathfinderDataModule(LRADataModule):
     ):
         """
         Args:
-            resolution: 32 (LRA's Pathfinder), 64, 128 or 256 (Path-X): reads ``pathfinder<resolution>/``.
+            generate: the set to draw when ``root`` is not given (:class:`~.snakes.PathfinderSpec`: how many
+                images, the seed), at this ``resolution`` and ``difficulty``.
+            resolution: 32 (LRA's Pathfinder), 64, 128 (Path-X) or 256 (Path-256): reads ``pathfinder<resolution>/``.
             difficulty: ``curv_baseline``, ``curv_contour_length_9`` or ``curv_contour_length_14`` (LRA's).
             check_images: decode every listed image first (in parallel) and stop with a list of all the files
                 that cannot be read, instead of skipping them with one warning.
         """
         super().__init__(root, resolution * resolution, False, split_seed, batch_size, num_workers, pin_memory)
-        self.resolution = resolution
+        if generate is not None:
+            geometry(resolution, difficulty)  # a resolution or difficulty the generator cannot draw fails here
+        self.resolution, self.difficulty, self.generate = resolution, difficulty, generate
         self.check_images = check_images
         self.folder = Path(f"pathfinder{resolution}") / difficulty
         self.layout = (
             f"{self.folder}/metadata/<k>.npy (text, one image per line: <folder> <file> <index> <label>) "
             f"and {self.folder}/imgs/<k>/sample_<i>.png ({resolution} x {resolution} grayscale)"
         )
+
+    def prepare_data(self) -> None:
+        self.data_root()  # generates on one process per node; the others wait, then read it
+
+    def data_root(self) -> Path:
+        if self.root is not None or self.generate is None:
+            return super().data_root()
+        root = default_root(self.generate, self.resolution, self.difficulty)
+        if not (root / self.folder).is_dir():
+            workers = min(available_cpus(cap=None), -(-self.generate.num_images // self.generate.images_per_folder))
+            write_dataset(self.generate, root, self.resolution, self.difficulty, workers=workers, progress=True)
+        return root
 
     def read_metadata(self, base: Path) -> list[tuple[Path, int]]:
         meta_dir = base / "metadata"

@@ -704,6 +704,79 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
   return {dq, dk, dv, dbias};
 }
 
+// A cached-generation step (fused_cpu.py's `decode`): a few query rows attending every key of the cache, no
+// mask, so every row has n = Nk and c(n), b(n) are two numbers the caller passes. q (B, H, R, d) and k, v
+// (B, H_kv, Nk, d / dv) as Hugging Face hands them over (any strides, the last one 1); query head h reads kv
+// head h / (H / H_kv), so a grouped cache is never repeated. Returns (B, R, H, dv), HF's output layout, in
+// v's dtype. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x Nk score
+// block between two BLAS products, t folded into the first and c(n) into the second. The point is the call,
+// not the arithmetic: one dispatcher call instead of the dozen tensor ops of the PyTorch path, which cost the
+// tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (BENCHMARKS.md). Half types run in fp32.
+template <typename T>
+void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, Form form,
+                 int64_t power, T temperature, T row_scale, T row_shift) {
+  const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), d = q.size(3);
+  const int64_t kv_heads = k.size(1), nk = k.size(2), dv = v.size(3), group = heads / kv_heads;
+  // BLAS wants a leading dimension of at least a row's length; a lone row's stride is never read
+  const auto lead = [](const at::Tensor& t, int dim, int64_t count) {
+    return static_cast<int>(count > 1 ? t.stride(dim) : std::max<int64_t>(1, t.size(3)));
+  };
+  const int lq = lead(q, 1, group), lk = lead(k, 2, nk), lv = lead(v, 2, nk);
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t items = batch * kv_heads * rows, work = group * nk * (d + dv);
+  ScratchBuffers<T> buffers(at::get_num_threads(), group * nk);
+  // threads only for long caches: below some 64 k multiply-adds an item, a fork costs more than it saves
+  at::parallel_for(0, items, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work)), [&](int64_t begin,
+                                                                                            int64_t end) {
+    T* scores = buffers.get(at::get_thread_num());
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / (kv_heads * rows), g = item / rows % kv_heads, r = item % rows;
+      const T* qi = qp + b * q.stride(0) + g * group * q.stride(1) + r * q.stride(2);
+      gemm<T>(false, true, group, nk, d, temperature, qi, lq, kp + b * k.stride(0) + g * k.stride(1), lk, T(0),
+              scores, nk);
+      if (row_shift != T(0)) {
+        for (int64_t j = 0; j < group * nk; ++j) scores[j] += row_shift;
+      }
+      apply_f(scores, group * nk, form, power);
+      gemm<T>(false, false, group, dv, nk, row_scale, scores, nk, vp + b * v.stride(0) + g * v.stride(1), lv, T(0),
+              op + ((b * rows + r) * heads + g * group) * dv, dv);
+    }
+  });
+}
+
+at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t form,
+                          int64_t power, double temperature, double row_scale, double row_shift) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "decode: q, k, v must be (B, H, R, d), (B, H_kv, Nk, d), (B, H_kv, Nk, dv)");
+  const int64_t batch = query.size(0), heads = query.size(1), kv_heads = key.size(1), nk = key.size(2);
+  TORCH_CHECK(key.size(0) == batch && value.size(0) == batch && value.size(1) == kv_heads && value.size(2) == nk &&
+                  key.size(3) == query.size(3),
+              "decode: shapes ", query.sizes(), ", ", key.sizes(), ", ", value.sizes(), " do not match");
+  TORCH_CHECK(kv_heads >= 1 && heads % kv_heads == 0, "decode: ", heads, " query heads for ", kv_heads, " kv heads");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(),
+              "decode: q, k, v must share a dtype");
+  TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "decode: unknown activation form ", form);
+  // the compute layout: fp32 for half types; a unit last stride and rows at least a row apart (else a copy)
+  const auto operand = [](const at::Tensor& t, int rows_dim) {
+    at::Tensor x = at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t;
+    const bool unit = x.stride(3) == 1 || x.size(3) == 1;
+    const bool apart = x.size(rows_dim) == 1 || x.stride(rows_dim) >= x.size(3);
+    return unit && apart ? x : x.clone(at::MemoryFormat::Contiguous);
+  };
+  const at::Tensor q = operand(query, 1), k = operand(key, 2), v = operand(value, 2);
+  auto out = at::empty({batch, query.size(2), heads, value.size(3)}, q.options());
+  if (nk == 0 || out.numel() == 0) {
+    out.zero_();
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode", [&] {
+      decode_impl<scalar_t>(q, k, v, out, static_cast<Form>(form), power, static_cast<scalar_t>(temperature),
+                            static_cast<scalar_t>(row_scale), static_cast<scalar_t>(row_shift));
+    });
+  }
+  return out.scalar_type() == value.scalar_type() ? out : out.to(value.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(polyattn_cpu, m) {
@@ -715,9 +788,12 @@ TORCH_LIBRARY(polyattn_cpu, m) {
         "int block_q, int block_k, int? causal) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("dropout_keep_mask(int batch_heads, int nq, int nk, float dropout_p, int seed, int offset) -> Tensor",
         &dropout_keep_mask);
+  m.def("decode(Tensor q, Tensor k, Tensor v, int form, int power, float temperature, float row_scale, "
+        "float row_shift) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(polyattn_cpu, CPU, m) {
   m.impl("forward", &fused_forward);
   m.impl("backward", &fused_backward);
+  m.impl("decode", &decode_forward);
 }

@@ -14,9 +14,9 @@ window, chunked; causal and padding masks become ``is_causal`` and ``key_padding
 causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
 (``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the temperature, attention dropout (HF
 passes 0 in eval), and the (B, L, H, D) output layout. A cached-generation step (a few query rows, no mask, no
-gradient) takes :func:`decode_step`, two products without the general path's per-call overhead. What it
-refuses, naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a
-non-softmax activation cannot take as they are meant.
+gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call. What it refuses,
+naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a non-softmax
+activation cannot take as they are meant.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ....errors import ConfigError
 from ...functional import attention
+from ...kernels import fused_cpu
 from ...kernels.materialized import materialized
 from ...masks import causal_mask
 from ...registry import Activation, ActivationSpec, get_activation
@@ -129,12 +130,18 @@ def polyattn_attention(
 def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
     """A cached-generation step: a few query rows attending every key of the cache, no mask, no gradient.
 
-    The materialized kernel on the small ``(rows x cache)`` scores, grouped-query heads side by side on their kv
-    head (broadcast, so the cache is not repeated). The general path's checks, mask handling and kernel layout
-    cost several times these products at this size (BENCHMARKS.md). Returns HF's ``(B, Q, H, D)`` layout. Only
-    taken without a mask and without causality (one query row is never causal-masked), so every row attends all
-    ``Nk`` keys: ``N = Nk``.
+    Only taken without a mask and without causality (one query row is never causal-masked), so every row attends
+    all ``Nk`` keys: ``N = Nk``. On CPU with a built-in form: one C++ call (:func:`~...kernels.fused_cpu.decode`),
+    cheaper than HF's own SDPA call; elsewhere :func:`materialized_step`. Returns HF's ``(B, Q, H, D)`` layout.
     """
+    out = fused_cpu.decode(query, key, value, act, temperature)
+    return materialized_step(query, key, value, act, temperature) if out is None else out
+
+
+def materialized_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
+    """:func:`decode_step` in PyTorch ops: the materialized kernel on the small ``(rows x cache)`` scores,
+    grouped-query heads side by side on their kv head (broadcast, so the cache is not repeated). Some 3x HF's
+    SDPA call for the tiny Llama's step on CPU (``bench hf --parts calls``), which is why CPU takes the C++ op."""
     batch, heads, rows, dim = query.shape
     kv_heads, num_keys = key.shape[1], key.shape[2]
     grouped = query.reshape(batch, kv_heads, (heads // kv_heads) * rows, dim)

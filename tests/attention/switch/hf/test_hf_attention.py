@@ -162,6 +162,32 @@ def test_cached_decoding_steps_equal_the_independent_reference(kv_heads):
         torch.testing.assert_close(ours, theirs.to(ours.dtype), atol=2e-5, rtol=1e-4, msg=f"step {step}")
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_reference(kv_heads, monkeypatch):
+    """40 greedy tokens: the one-call C++ step, the materialized PyTorch step it replaced (what runs without a
+    C++ build) and the tests' own fp64 reference generate the same tokens."""
+    from polyattn_lightning.attention.kernels import fused_cpu
+
+    model = tiny_llama(num_key_value_heads=kv_heads)
+    reference = with_reference(model)
+    set_attention(model, "poly3")
+    prompt = token_batch()[0][:1, :5]
+
+    def generate(m):
+        return m.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False, use_cache=True,
+                          output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+
+    steps, decode = [], fused_cpu.decode
+    monkeypatch.setattr(fused_cpu, "decode", lambda *args: steps.append(decode(*args)) or steps[-1])
+    cpp, theirs = generate(model), generate(reference)
+    assert len(steps) == 2 * 39 and all(out is not None for out in steps)  # 2 layers x 39 cached steps in C++
+    monkeypatch.setattr(fused_cpu, "load", lambda: False)  # decode_step falls back to the materialized kernel
+    pytorch = generate(model)
+    assert torch.equal(cpp.sequences, pytorch.sequences) and torch.equal(cpp.sequences, theirs.sequences)
+    for ours, old in zip(cpp.logits, pytorch.logits, strict=True):
+        torch.testing.assert_close(ours, old, atol=1e-5, rtol=1e-5)
+
+
 def test_decode_step_is_the_general_path_on_its_inputs():
     """The short path and ``attention()`` agree for up to DECODE_ROWS rows, grouped heads, other activations."""
     from polyattn_lightning.attention.functional import attention
