@@ -10,6 +10,7 @@ BENCHMARKS = {
     "detection": "detection",
     "diagnostics": "diagnostics",
     "hf": "hf",
+    "hf-support": "hf_support",
     "lra": "lra",
     "timm": "timm_models",
     "timm-support": "timm_support",
