@@ -29,6 +29,7 @@ from torch import nn
 from ..attention.switch import set_attention
 from ..attention.switch.base import attention_modules
 from ..attention.switch.hf import probe_inputs
+from ..attention.switch.hf.families import adapter_for
 from ..errors import ConfigError
 
 #: A small text model: 2 layers of width 32, 4 heads (grouped-query models: 2 key/value heads).
@@ -80,14 +81,11 @@ class Family:
     model: str  # the transformers class measured
     config: dict = field(default_factory=dict)
     module: str = ""  # the transformers module holding the class, when the top level does not export it
-    route: str = "interface"  # "interface" (AttentionInterface) or "adapter" (attention/switch/hf/families, mha)
 
     @property
     def key(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
-
-_A = "adapter"
 
 #: Every family of the table (and of the tests), in the README's order.
 # fmt: off
@@ -102,12 +100,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("DistilBERT", "DistilBertModel", dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=48,
                                                   max_position_embeddings=64, initializer_range=0.2)),
     Family("DeBERTa", "DebertaModel", dict(TEXT, relative_attention=True, pos_att_type=["c2p", "p2c"],
-                                           max_relative_positions=8), route=_A),
+                                           max_relative_positions=8)),
     Family("DeBERTa-v2", "DebertaV2Model", dict(TEXT, relative_attention=True, pos_att_type=["c2p", "p2c"],
-                                                position_buckets=4, max_relative_positions=8), route=_A),
-    Family("MPNet", "MPNetModel", dict(TEXT, pad_token_id=1), route=_A),
-    Family("RoFormer", "RoFormerModel", dict(TEXT, embedding_size=32), route=_A),
-    Family("Megatron-BERT", "MegatronBertModel", TEXT, route=_A),
+                                                position_buckets=4, max_relative_positions=8)),
+    Family("MPNet", "MPNetModel", dict(TEXT, pad_token_id=1)),
+    Family("RoFormer", "RoFormerModel", dict(TEXT, embedding_size=32)),
+    Family("Megatron-BERT", "MegatronBertModel", TEXT),
     # vision
     Family("ViT", "ViTModel", VISION),
     Family("DeiT", "DeiTModel", VISION),
@@ -117,12 +115,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("VideoMAE", "VideoMAEModel", dict(VISION, num_frames=4, tubelet_size=2)),
     Family("BEiT", "BeitModel", dict(VISION, use_relative_position_bias=True)),
     Family("Swin", "SwinModel", SWIN),
-    Family("Data2Vec-Vision", "Data2VecVisionModel", dict(VISION, use_relative_position_bias=True), route=_A),
-    Family("Swin V2", "Swinv2Model", SWIN, route=_A),
+    Family("Data2Vec-Vision", "Data2VecVisionModel", dict(VISION, use_relative_position_bias=True)),
+    Family("Swin V2", "Swinv2Model", SWIN),
     # image + text
     Family("CLIP", "CLIPModel", dict(text_config=dict(TEXT, projection_dim=16), vision_config=VISION,
                                      projection_dim=16)),
-    Family("SigLIP", "SiglipModel", dict(text_config=TEXT, vision_config=VISION), route=_A),
+    Family("SigLIP", "SiglipModel", dict(text_config=TEXT, vision_config=VISION)),
     # decoders
     Family("GPT-2", "GPT2Model", dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                       initializer_range=0.2)),
@@ -133,7 +131,7 @@ FAMILIES: tuple[Family, ...] = (
                                                  multi_query=True, initializer_range=0.2)),
     Family("GPT-Neo", "GPTNeoModel", dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                                           attention_types=[[["global", "local"], 1]], window_size=3,
-                                          max_position_embeddings=64, initializer_range=0.2), route=_A),
+                                          max_position_embeddings=64, initializer_range=0.2)),
     Family("OPT", "OPTModel", dict(TEXT, ffn_dim=48, word_embed_proj_dim=32, init_std=0.2)),
     Family("Llama", "LlamaModel", DECODER),
     Family("Mistral", "MistralModel", dict(DECODER, sliding_window=4)),
@@ -161,10 +159,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("Llama 4", "Llama4TextModel", dict(DECODER, **MOE, intermediate_size_mlp=48, attention_chunk_size=4)),
     Family("GPT-OSS", "GptOssModel", dict(DECODER, **MOE, sliding_window=4,
                                           layer_types=["sliding_attention", "full_attention"])),
-    Family("Falcon", "FalconModel", dict(TEXT, num_kv_heads=2, new_decoder_architecture=True), route=_A),
-    Family("Falcon (ALiBi)", "FalconModel", dict(TEXT, alibi=True, multi_query=True), route=_A),
-    Family("BLOOM", "BloomModel", dict(vocab_size=64, hidden_size=32, n_layer=2, n_head=4, initializer_range=0.2),
-           route=_A),
+    Family("Falcon", "FalconModel", dict(TEXT, num_kv_heads=2, new_decoder_architecture=True)),
+    Family("Falcon (ALiBi)", "FalconModel", dict(TEXT, alibi=True, multi_query=True)),
+    Family("BLOOM", "BloomModel", dict(vocab_size=64, hidden_size=32, n_layer=2, n_head=4, initializer_range=0.2)),
     # encoder-decoders
     Family("BART", "BartModel", SEQ2SEQ),
     Family("mBART", "MBartModel", SEQ2SEQ),
@@ -220,7 +217,7 @@ def build(fam: Family, seed: int = 0) -> nn.Module:
 class SupportRow:
     family: str
     model: str
-    route: str
+    route: str  # "interface" (AttentionInterface), "adapter" (switch/hf/families, switch/mha.py) or both
     switched: str  # attention classes switched, with counts
     state: str  # "switched" | "refused: ..." | "wrong: ..."
 
@@ -269,13 +266,15 @@ def measure(fam: Family) -> SupportRow:
         set_attention(model, "poly3")
         run(model, inputs)
     except ConfigError as refused:
-        return SupportRow(fam.name, fam.model, fam.route, "", f"refused: {refused}".replace("|", "/"))
+        return SupportRow(fam.name, fam.model, "", "", f"refused: {refused}".replace("|", "/"))
     except Exception as err:  # noqa: BLE001 - a family that crashes is a row, not the end of the table
-        return SupportRow(fam.name, fam.model, fam.route, "", f"error: {type(err).__name__}: {err}"[:300])
-    counts = Counter(_hf_class(m).__name__ for _, m in attention_modules(model))
+        return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300])
+    switched_modules = [m for _, m in attention_modules(model)]
+    counts = Counter(_hf_class(m).__name__ for m in switched_modules)
+    route = " + ".join(sorted({"adapter" if adapter_for(m) else "interface" for m in switched_modules}, reverse=True))
     switched = "<br>".join(f"`{name}` x{n}" for name, n in sorted(counts.items()))
     state = "switched" if error <= SOFTMAX_PARITY else f"wrong: softmax differs from HF's by {error:.1e}"
-    return SupportRow(fam.name, fam.model, fam.route, switched, state)
+    return SupportRow(fam.name, fam.model, route, switched, state)
 
 
 #: The largest difference from HF's own softmax outputs that counts as equal.

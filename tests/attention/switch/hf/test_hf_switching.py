@@ -393,3 +393,14 @@ def test_cached_generation_through_an_adapter_matches_without_the_cache(key):
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     for cached, uncached in zip(runs[0].logits, runs[1].logits, strict=True):
         torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["siglip", "deberta-v2", "bert"])
+def test_switching_again_changes_the_activation(key):
+    """Adapters, nn.MultiheadAttention and interface modules alike: poly3, then softmax gives HF's outputs."""
+    model = build(family(key))
+    inputs = probe_inputs(model)
+    expected = run(model, inputs)
+    count = set_attention(model, "poly3")
+    assert set_attention(model, "softmax") == count
+    assert (run(model, inputs) - expected).abs().max() <= 1e-5

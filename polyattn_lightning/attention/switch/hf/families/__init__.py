@@ -20,7 +20,8 @@ HF's). Adapted (transformers 5.x; module -- class -- score bias / mask / tempera
   rotary.
 
 :data:`FAMILY_MODULES` names, per HF class, the module holding its adapter; :func:`adapter_for` imports it only
-when a model holds that class, so switching a BERT imports none of these HF modeling modules.
+when a model holds that class, so switching a BERT imports none of these HF modeling modules. A module switched
+before is its own adapter (switching again changes its activation).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import importlib
 from torch import nn
 
 from ...base import SwitchedAttention
+from ...mha import SwitchedMultiheadAttention
 from ._common import HF_ADAPTERS, HFSwitched
 
 #: ``transformers`` attention class (``module.qualname``) -> the family module here that adapts it.
@@ -51,12 +53,10 @@ FAMILY_MODULES = {
 def adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
     """The adapter of ``module``'s class (itself when already switched); PyTorch's ``nn.MultiheadAttention``
     included (``switch/mha.py``); None for any other class."""
-    if isinstance(module, HFSwitched):
+    if isinstance(module, (HFSwitched, SwitchedMultiheadAttention)):
         return type(module)
     cls = type(module)
     if cls is nn.MultiheadAttention:
-        from ...mha import SwitchedMultiheadAttention
-
         return SwitchedMultiheadAttention
     family = FAMILY_MODULES.get(f"{cls.__module__}.{cls.__qualname__}")
     if family is not None and cls not in HF_ADAPTERS:
