@@ -251,11 +251,17 @@ _SWITCHED_PREFIX = "Switched__"
 _switched: dict[type[nn.Module], type[SwitchedAttention]] = {}
 
 
+#: ``SwitchedAttention.map_layout`` of the interface classes whose rows are not ``B`` token sequences.
+MAP_LAYOUTS = {"transformers.models.swin.modeling_swin.SwinAttention": "shifted_windows"}
+
+
 def switched_class(cls: type[nn.Module]) -> type[SwitchedAttention]:
     """``SwitchedAttention`` + the HF class (its forward unchanged), one per class, picklable by name."""
     if cls not in _switched:
-        name = _SWITCHED_PREFIX + f"{cls.__module__}.{cls.__qualname__}".replace(".", "__")
-        _switched[cls] = type(name, (SwitchedAttention, cls), {"__module__": __name__, "__qualname__": name})
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        name = _SWITCHED_PREFIX + qualified.replace(".", "__")
+        namespace = {"__module__": __name__, "__qualname__": name, "map_layout": MAP_LAYOUTS.get(qualified, "tokens")}
+        _switched[cls] = type(name, (SwitchedAttention, cls), namespace)
     return _switched[cls]
 
 

@@ -404,3 +404,16 @@ def test_switching_again_changes_the_activation(key):
     count = set_attention(model, "poly3")
     assert set_attention(model, "softmax") == count
     assert (run(model, inputs) - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("key", ["siglip", "deberta-v2", "swin"])
+def test_a_switched_model_pickles_with_its_adapters(key):
+    import pickle
+
+    model = build(family(key))
+    set_attention(model, {"name": "poly3", "scale": 0.5})
+    inputs = probe_inputs(model)
+    loaded = pickle.loads(pickle.dumps(model))
+    assert [type(m) for _, m in attention_modules(loaded)] == [type(m) for _, m in attention_modules(model)]
+    torch.testing.assert_close(run(loaded, inputs), run(model, inputs), atol=0, rtol=0)
+    assert {m.map_layout for _, m in attention_modules(model)} == ({"shifted_windows"} if key == "swin" else {"tokens"})
