@@ -13,14 +13,12 @@ softmax replaced by ``phi(S) / sqrt(N)``) by the tests, not here.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import logging
 import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import transformers
@@ -31,6 +29,7 @@ from ..attention.switch.base import attention_modules
 from ..attention.switch.hf import probe_inputs
 from ..attention.switch.hf.families import adapter_for
 from ..errors import ConfigError
+from .readme_table import Markers, table_command
 
 #: A small text model: 2 layers of width 32, 4 heads (grouped-query models: 2 key/value heads).
 TEXT = dict(
@@ -299,34 +298,22 @@ def table(rows: list[SupportRow]) -> str:
     return "\n".join(lines)
 
 
+MARKERS = Markers(BEGIN, END, "Hugging Face table")
+
+
 def replace_table(text: str, new_table: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"the README has no Hugging Face table markers ({BEGIN} ... {END})")
-    return pattern.sub(lambda _: f"{BEGIN}\n{new_table}\n{END}", text)
+    return MARKERS.replace(text, new_table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench hf-support", description=__doc__.split("\n")[0]
+    return table_command(
+        argv,
+        prog="python -m polyattn_lightning.bench hf-support",
+        description=__doc__.split("\n")[0],
+        markers=MARKERS,
+        measure=lambda keys: table([measure(family(key)) for key in keys] or [measure(f) for f in FAMILIES]),
+        subset_help="only these family keys (bert, swin-v2, ...)",
     )
-    parser.add_argument("--write", type=Path, help="rewrite the table in this Markdown file")
-    parser.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table differs")
-    parser.add_argument("families", nargs="*", help="only these family keys (bert, swin-v2, ...)")
-    args = parser.parse_args(argv)
-    logging.getLogger("polyattn_lightning").setLevel(logging.ERROR)
-    chosen = [family(key) for key in args.families] if args.families else FAMILIES
-    measured = table([measure(f) for f in chosen])
-    if args.write:
-        args.write.write_text(replace_table(args.write.read_text(), measured))
-    elif args.check:
-        text = args.check.read_text()
-        if replace_table(text, measured) != text:
-            print(f"{args.check}: the Hugging Face table differs from the measurement; rerun with --write")
-            return 1
-    else:
-        print(measured)
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 from transformers.cache_utils import EncoderDecoderCache
 
-from ...base import SwitchedAttention
+from ...base import SwitchedAttention, register_adapter
 from ..masks import split_mask
 
 #: HF attention class -> its adapter; filled by :func:`hf_adapter` when a family module is imported.
@@ -15,16 +15,9 @@ HF_ADAPTERS: dict[type[nn.Module], type[SwitchedAttention]] = {}
 
 
 def hf_adapter(hf_class: type[nn.Module]):
-    """Register the decorated ``SwitchedAttention`` subclass of ``hf_class`` as its switch (exactly that class, as
-    :func:`~polyattn_lightning.attention.switch.base.register_adapter` does for timm's)."""
-
-    def add(cls: type[SwitchedAttention]) -> type[SwitchedAttention]:
-        if not (issubclass(cls, hf_class) and issubclass(cls, SwitchedAttention)):
-            raise TypeError(f"{cls.__qualname__} must subclass SwitchedAttention and {hf_class.__qualname__}")
-        HF_ADAPTERS[hf_class] = cls
-        return cls
-
-    return add
+    """Register the decorated ``SwitchedAttention`` subclass of ``hf_class`` as its switch, in :data:`HF_ADAPTERS`
+    (:func:`~polyattn_lightning.attention.switch.base.register_adapter`)."""
+    return register_adapter(hf_class, HF_ADAPTERS)
 
 
 class HFSwitched(SwitchedAttention):
