@@ -224,8 +224,9 @@ def _check_every_layer(model: PreTrainedModel, calls: dict[int, int], left: list
     problems = []
     if missed:
         problems.append(
-            f"{', '.join(missed[:3])}{f' (+{len(missed) - 3} more)' if len(missed) > 3 else ''} attend neither "
-            "through transformers' AttentionInterface nor through an adapter (attention/switch/hf/families)"
+            f"{', '.join(missed[:3])}{f' (+{len(missed) - 3} more)' if len(missed) > 3 else ''} did not attend "
+            "in the probe forward through transformers' AttentionInterface or an adapter (attention/switch/hf/"
+            "families): they compute attention themselves, or the probe did not run them (pass probe= that does)"
         )
     if softmax:
         problems.append("softmax left in an attention layer: " + ", ".join(list(softmax.values())[:3]))

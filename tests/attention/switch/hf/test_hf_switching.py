@@ -320,7 +320,7 @@ def test_a_model_without_interface_or_adapter_is_refused_naming_its_layers():
     model = ConvBertModel(ConvBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                          intermediate_size=32, embedding_size=32)).eval()
     with pytest.raises(ConfigError, match=r"^ConvBertModel cannot be switched: encoder\.layer\.0\.attention\.self "
-                                          r"\(ConvBertSelfAttention\) attend neither through .*AttentionInterface"):
+                                          r"\(ConvBertSelfAttention\) did not attend in the probe forward through .*AttentionInterface"):
         set_attention(model, "poly3")
     assert attention_modules(model) == []
 
