@@ -101,7 +101,7 @@ def set_attention(
     undo = [_swap(module, adapter) for _, module, adapter in adapted]
     if through_interface:
         interface.register()
-        model.set_attn_implementation(IMPLEMENTATION)
+        model.set_attn_implementation(interface.implementation_for(model))
     try:
         state = Probe(PROBE_ACTIVATION)
         left = _run_probe(model, run, state, [m for _, m, _ in adapted], default=probe is None)
@@ -211,16 +211,16 @@ def _softmax_inputs(
 
 def _check_every_layer(model: PreTrainedModel, calls: dict[int, int], left: list[SoftmaxCall]) -> list[nn.Module]:
     """The modules the probe reached, in ``named_modules`` order; refuse the model if an attention layer (a
-    leaf-most module whose class name says ``Attention``) was not reached or a softmax is left inside one."""
+    leaf-most module whose class name says ``Attention``) was not reached or still calls softmax itself."""
     reached = [module for module in model.modules() if id(module) in calls]
     attention_like = _attention_like(model)
     missed = [f"{name} ({type(m).__name__})" for name, m in attention_like if id(m) not in calls]
     inside = {id(m) for _, m in attention_like} | {id(m) for m in reached}
     softmax = {}
-    for call in left:
-        owner = next(((path, m) for path, m in reversed(call.stack) if id(m) in inside), None)
-        if owner is not None:
-            softmax.setdefault(owner[0], f"{owner[0]} ({type(owner[1]).__name__}) calls {call.function}")
+    for call in left:  # made by an attention layer itself: a gate or router inside one (JetMoE's) is not attention
+        if call.stack and id(call.stack[-1][1]) in inside:
+            path, module = call.stack[-1]
+            softmax.setdefault(path, f"{path} ({type(module).__name__}) calls {call.function}")
     problems = []
     if missed:
         problems.append(

@@ -3,8 +3,9 @@
 * ``position_bias`` (T5, mT5, LongT5, Switch Transformers, Pix2Struct, LayoutLMv3...): a score bias added to
   ``S`` before ``phi``; its ``finfo.min`` / ``-inf`` entries (LongT5 adds its local mask into it) mask, by
   equality. T5 has no ``1/sqrt(d)`` scale: it passes ``scaling=1.0``, the temperature.
-* ``s_aux`` (GPT-OSS's learned attention sinks, one logit per head): for softmax, an extra logit in every
-  row's normaliser whose weight is dropped, ``exp(S_j) / (sum_k exp(S_k) + exp(s_h))``. :func:`with_sinks`
+* ``s_aux`` (GPT-OSS's learned attention sinks, one logit per head) and ``sinks`` (Inkling 2's, one per query
+  row, ``(B, H, Q, 1)``): for softmax, an extra logit in every row's normaliser whose weight is dropped,
+  ``exp(S_j) / (sum_k exp(S_k) + exp(s_h))``. :func:`with_sinks`
   writes it as one more key, first in the row, with key and value 0 and score bias ``s_h``: exact for softmax
   (its weight multiplies a zero value), and the same key for every other activation: ``phi(s_h) * 0`` adds
   nothing to the output and the key counts in N (N = the row's keys + 1). So for an elementwise ``phi`` the
@@ -47,9 +48,9 @@ def _and_mask(mask: Tensor, allowed: Tensor) -> Tensor:
 
 
 def with_sinks(key: Tensor, value: Tensor, masks: dict[str, Tensor], sinks: Tensor):
-    """``(key, value, masks)`` with the sink as key 0 of every row: k = v = 0, score bias ``sinks[h]``, attended by
-    every query (the causal diagonal, bottom-right, keeps the same real keys: there is one more key at the
-    front); ``sinks`` is ``(H,)`` after grouped heads were repeated."""
+    """``(key, value, masks)`` with the sink as key 0 of every row: k = v = 0, score bias the sink logit, attended
+    by every query (the causal diagonal, bottom-right, keeps the same real keys: there is one more key at the
+    front); ``sinks`` is ``(H,)`` (one per query head) or ``(B, H, Q, 1)`` (one per row)."""
     batch, heads, _, dim = key.shape
     key = torch.cat([key.new_zeros(batch, heads, 1, dim), key], dim=2)
     value = torch.cat([value.new_zeros(batch, heads, 1, value.shape[-1]), value], dim=2)
@@ -59,7 +60,8 @@ def with_sinks(key: Tensor, value: Tensor, masks: dict[str, Tensor], sinks: Tens
         masks["attn_mask"] = F.pad(mask, (1, 0), value=True if mask.dtype == torch.bool else 0.0)
     if masks.get("key_padding_mask") is not None:
         masks["key_padding_mask"] = F.pad(masks["key_padding_mask"], (1, 0), value=False)
-    sink = F.pad(sinks.reshape(1, heads, 1, 1).to(key.dtype), (0, key.shape[2] - 1))
+    column = sinks.reshape(1, heads, 1, 1) if sinks.dim() == 1 else sinks
+    sink = F.pad(column.to(key.dtype), (0, key.shape[2] - 1))
     bias = masks.get("attn_bias")
     masks["attn_bias"] = sink if bias is None else F.pad(bias, (1, 0)) + sink
     return key, value, masks

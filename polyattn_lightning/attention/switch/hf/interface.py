@@ -3,19 +3,21 @@
 transformers 5.x routes attention through ``AttentionInterface``: each attention module calls
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, dropout=, scaling=, **kwargs)``
 and the model builds its mask with the ``AttentionMaskInterface`` function of the same name. :func:`register`
-registers one attention function (:func:`polyattn_attention`) and one boolean mask function under
-:data:`IMPLEMENTATION` (once per process; the registry is global). The activation is not global: it is read
+registers one attention function (:func:`polyattn_attention`) under two names (once per process; the
+registry is global): :data:`IMPLEMENTATION` with HF's boolean mask function, and
+:data:`EAGER_MASKS_IMPLEMENTATION` with its float eager masks, for the models that do not support SDPA (some
+read the mask themselves in that format). The activation is not global: it is read
 from the module being called (``module.activation_spec``), so two models with different activations live in
 one process.
 
 What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding
 window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``), the float masks
-models build themselves, split into mask and score bias by how each model builds them (BEiT's and Swin's
-carry their relative-position bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else
-``module.is_causal``, else causal as HF's SDPA path assumes; only when more than one query row),
-grouped-query attention (``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the
-temperature, attention dropout (HF passes 0 in eval), the (B, L, H, D) output layout, and the keyword
-arguments some families add (``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` (GPT-OSS's
+models build themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's and
+Swin's carry a bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``,
+else causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
+(``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the temperature, attention dropout (HF
+passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families add
+(``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
 attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``).
 Other keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few
 query rows, no mask, no gradient) takes :func:`decode_step`, two products without the general path's
@@ -30,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from ....errors import ConfigError
 from ...functional import attention
@@ -43,6 +45,10 @@ from .masks import interface_masks
 
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
+#: The same attention function with HF's eager masks (float, 0 keep / ``finfo.min``), for models that do not
+#: support SDPA: some read the 4-D mask themselves in that format (NLLB-MoE's router takes ``mask.bool()`` as
+#: padding), which a boolean mask would invert.
+EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
 #: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
 #: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
 DECODE_ROWS = 8
@@ -95,7 +101,8 @@ def polyattn_attention(
     q ``(B, H, Q, D)``, k/v ``(B, H_kv, KV, D)``; returns ``((B, Q, H, D), None)`` (no attention weights).
     """
     spec = _spec_of(module)
-    softcap, sinks, position_bias = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("position_bias")
+    softcap, position_bias = kwargs.get("softcap"), kwargs.get("position_bias")
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     plain = softcap is None and sinks is None and position_bias is None
     q_len = query.shape[2]
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -177,3 +184,11 @@ def register() -> None:
         AttentionInterface.register(IMPLEMENTATION, polyattn_attention)
         # HF's boolean (B, 1, Q, KV) mask, True = attend; None where SDPA could rely on is_causal or no mask
         AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+        AttentionInterface.register(EAGER_MASKS_IMPLEMENTATION, polyattn_attention)
+        AttentionMaskInterface.register(EAGER_MASKS_IMPLEMENTATION, eager_mask)
+
+
+def implementation_for(model: nn.Module) -> str:
+    """The name a model is switched to: :data:`IMPLEMENTATION` (boolean masks) where it supports SDPA, else
+    :data:`EAGER_MASKS_IMPLEMENTATION` (the float masks its eager code was written for)."""
+    return IMPLEMENTATION if getattr(type(model), "_supports_sdpa", True) else EAGER_MASKS_IMPLEMENTATION

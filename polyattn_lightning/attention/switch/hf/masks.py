@@ -8,9 +8,9 @@ What reaches the interface function as ``attention_mask``:
 * a float mask a model builds itself: 0 keeps, a negative value masks (``finfo.min``, ``-inf``, MarkupLM's
   ``-10000``: read by ``attention()`` as a mask, whatever its size);
 * a float mask that also carries a score bias, for the classes on :data:`MASK_BIASES` (read in transformers'
-  sources: the only models that add a bias into the mask before the interface call). Their split follows how
-  the model builds the sum, never a threshold on its values: BEiT's mask *is* its relative-position bias
-  (plus ``finfo.min`` where a padding mask masks, found by equality:
+  sources: the models that add a bias into the mask before the interface call). Their split follows how
+  the model builds the sum, never a threshold on its values: BEiT's mask *is* its relative-position bias,
+  Doge's its dynamic bias (plus ``finfo.min`` where a mask masks, found by equality:
   :func:`~polyattn_lightning.attention.masks.split_sentinels`); Swin's is its relative-position bias plus the
   0/-100 shift mask, so the bias is recomputed from the module's own table and subtracted, which leaves the
   shift mask exactly (``(b + 0) - b == 0`` in floating point; ``(b - 100) - b`` is not 0).
@@ -46,9 +46,10 @@ def split_mask(mask: Tensor) -> tuple[bool, dict[str, Tensor]]:
     return False, {"attn_mask": mask}
 
 
-def _beit(module: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """BEiT (and DiT, built from BEiT's classes): the float mask is the relative-position bias, plus
-    ``finfo.min`` where a padding mask was added (``BeitLayer.forward``, ``BeitModel.forward``)."""
+def _bias_and_sentinels(module: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """A score bias with ``finfo.min`` where masked: BEiT (and DiT, built from BEiT's classes) adds its
+    relative-position bias to the padding mask (``BeitLayer.forward``, ``BeitModel.forward``); Doge fills its
+    dynamic mask (a learned bias per key, ``dt_states``) with ``finfo.min`` (``prepare_dynamic_mask``)."""
     return split_sentinels(mask)
 
 
@@ -62,7 +63,8 @@ def _swin(module: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
 #: ``module.qualified.ClassName`` of an HF attention class -> ``(allowed, score bias)`` of the float mask it
 #: passes the interface (transformers 5.x sources).
 MASK_BIASES: dict[str, Callable[[nn.Module, Tensor], tuple[Tensor, Tensor]]] = {
-    "transformers.models.beit.modeling_beit.BeitAttention": _beit,
+    "transformers.models.beit.modeling_beit.BeitAttention": _bias_and_sentinels,
+    "transformers.models.doge.modeling_doge.DogeAttention": _bias_and_sentinels,
     "transformers.models.swin.modeling_swin.SwinAttention": _swin,
 }
 

@@ -6,9 +6,10 @@ position terms. Two kinds:
 
 * :func:`attention_reference`, registered with transformers under :data:`REFERENCE` (``AttentionInterface``,
   boolean masks from ``sdpa_mask``): the generic eager function (``repeat_kv``, ``S = q k^T * scaling``), plus
-  what some families add: T5's ``position_bias``, Gemma 2's ``softcap``, GPT-OSS's sinks (for poly3 the
-  meaning the switch defines: a key with value 0, so N counts it), BEiT's float mask (its relative-position
-  bias, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0;
+  what some families add: T5's ``position_bias``, Gemma 2's ``softcap``, GPT-OSS's and Inkling 2's sinks (for
+  poly3 the meaning the switch defines: a key with value 0, so N counts it), BEiT's and Doge's float masks (a
+  score bias, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
+  without SDPA support get HF's float eager masks (:data:`REFERENCE_EAGER_MASKS`), as HF runs them;
 * class swaps (:data:`SWAPS`): a subclass of the HF attention class whose ``forward`` is HF's eager forward
   with ``phi``, for the families outside the interface and for Swin (whose bias and shift mask are apart only
   inside its forward). :func:`reference_twin` gives a copy of a model attending through these.
@@ -23,12 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.beit.modeling_beit import BeitAttention
 from transformers.models.bloom import modeling_bloom as bloom
 from transformers.models.data2vec import modeling_data2vec_vision as d2v
 from transformers.models.deberta import modeling_deberta as deberta
 from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta_v2
+from transformers.models.doge.modeling_doge import DogeAttention
 from transformers.models.falcon import modeling_falcon as falcon
 from transformers.models.gpt_neo import modeling_gpt_neo as gpt_neo
 from transformers.models.megatron_bert import modeling_megatron_bert as megatron
@@ -38,6 +40,8 @@ from transformers.models.swin import modeling_swin as swin
 from transformers.models.swinv2 import modeling_swinv2 as swinv2
 
 REFERENCE = "tests_poly3_reference"
+#: The same function with HF's float eager masks, for models without SDPA support (as HF runs them).
+REFERENCE_EAGER_MASKS = "tests_poly3_reference_eager_masks"
 
 
 def phi(scores, keep, extra_keys: int = 0):
@@ -65,18 +69,20 @@ def attention_reference(module, query, key, value, attention_mask, dropout=0.0, 
             keep = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
     elif attention_mask.dtype == torch.bool:
         keep = attention_mask
-    elif isinstance(module, BeitAttention):  # BEiT passes its relative-position bias as the mask
+    elif isinstance(module, (BeitAttention, DogeAttention)):  # a bias as the mask: BEiT's position bias, Doge's
         keep = attention_mask > torch.finfo(attention_mask.dtype).min
         scores = scores + torch.where(keep, attention_mask.double(), 0.0)
     else:
         keep = attention_mask == 0
-    sinks = kwargs.get("s_aux")
-    out = phi(scores, keep, extra_keys=0 if sinks is None else 1) @ v
-    return out.to(query.dtype).transpose(1, 2), None
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    out = phi(scores, keep, extra_keys=0 if sinks is None else 1) @ v  # a sink: one more key, of value 0
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(REFERENCE, attention_reference)
 AttentionMaskInterface.register(REFERENCE, sdpa_mask)
+AttentionInterface.register(REFERENCE_EAGER_MASKS, attention_reference)
+AttentionMaskInterface.register(REFERENCE_EAGER_MASKS, eager_mask)
 
 
 def _heads(x, d):
@@ -290,7 +296,7 @@ def reference_twin(model):
     attention itself, the registered reference function everywhere else."""
     twin = copy.deepcopy(model)
     if type(twin)._can_set_attn_implementation():
-        twin.set_attn_implementation(REFERENCE)
+        twin.set_attn_implementation(REFERENCE if type(twin)._supports_sdpa else REFERENCE_EAGER_MASKS)
     for module in twin.modules():
         if type(module) in SWAPS:
             module.__class__ = SWAPS[type(module)]

@@ -169,10 +169,16 @@ def test_position_bias_sentinels_mask_by_equality():
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("per_row", [False, True])
 @pytest.mark.parametrize("mask", ["padding", "causal", "none"])
-def test_sinks_are_exact_for_softmax_and_a_zero_valued_key_for_poly3(mask):
+def test_sinks_are_exact_for_softmax_and_a_zero_valued_key_for_poly3(mask, per_row):
+    """GPT-OSS's ``s_aux`` (one logit per head) and Inkling 2's ``sinks`` (one per row, (B, H, Q, 1))."""
     q, k, v = _qkv(heads=4, kv_heads=2)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    column = sinks.view(1, 4, 1, 1).expand(2, 4, 5, 1)
+    if per_row:
+        column = column + torch.randn(2, 4, 5, 1, generator=torch.Generator().manual_seed(8))
+    given = {"sinks": column} if per_row else {"s_aux": sinks}
     keep = {"padding": _padding_mask(), "causal": None, "none": None}[mask]
     module = _Module("softmax", is_causal=mask == "causal")
     keys, values = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
@@ -180,12 +186,12 @@ def test_sinks_are_exact_for_softmax_and_a_zero_valued_key_for_poly3(mask):
     allowed = keep if keep is not None else torch.ones(5, 5, dtype=torch.bool).tril() if mask == "causal" else \
         torch.ones(1, dtype=torch.bool)
     # GPT-OSS's eager: the sink logit joins each row's softmax and its weight is dropped
-    logits = torch.cat([scores.masked_fill(~allowed, float("-inf")), sinks.view(1, 4, 1, 1).expand(2, 4, 5, 1)], -1)
+    logits = torch.cat([scores.masked_fill(~allowed, float("-inf")), column], -1)
     expected = logits.softmax(-1)[..., :-1] @ values
-    out, _ = polyattn_attention(module, q, k, v, keep, scaling=8**-0.5, s_aux=sinks)
+    out, _ = polyattn_attention(module, q, k, v, keep, scaling=8**-0.5, **given)
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
     module.activation_spec = "poly3"
-    out, _ = polyattn_attention(module, q, k, v, keep, scaling=8**-0.5, s_aux=sinks)
+    out, _ = polyattn_attention(module, q, k, v, keep, scaling=8**-0.5, **given)
     expected = phi(scores, allowed, extra_keys=1).float() @ values  # N counts the sink
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
 
