@@ -11,6 +11,7 @@ BENCHMARKS = {
     "diagnostics": "diagnostics",
     "hf": "hf",
     "hf-support": "hf_support",
+    "hf-sweep": "hf_sweep",
     "lra": "lra",
     "timm": "timm_models",
     "timm-support": "timm_support",

@@ -48,3 +48,13 @@ def test_an_unknown_family_key_names_the_known_ones():
 def test_whole_readme_table_is_measured():
     """Every family (about 30 s on 2 cores): after adding one, run --write README.md."""
     assert hf_support.main(["--check", str(README)]) == 0
+
+
+def test_the_sweep_switches_refuses_and_skips_with_a_reason():
+    from polyattn_lightning.bench import hf_sweep
+
+    assert hf_sweep.verdict("bert", "BertModel")[0] == "switched"
+    kind, detail = hf_sweep.verdict("convbert", "ConvBertModel")
+    assert kind == "refused" and detail.startswith("ConvBertModel cannot be switched: ") and "\n" not in detail
+    config = hf_sweep.shrink(__import__("transformers").AutoConfig.for_model("clip"))
+    assert config.text_config.hidden_size == config.vision_config.hidden_size == 32  # sub-configs too

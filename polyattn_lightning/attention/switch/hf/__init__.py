@@ -7,8 +7,8 @@ them (SigLIP: its encoders through the interface, its pooling head's ``nn.Multih
   ``attn_implementation="polyattn"`` and the model gets ``model.set_attn_implementation("polyattn")``; it honours
   the masks (``masks.py``: BEiT's and Swin's carry a score bias) and the keyword arguments some families pass
   (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``);
-* an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, Data2Vec-Vision, Swin V2, GPT-Neo,
-  Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``) for each module whose class computes
+* an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, RemBERT, TAPAS, VisualBERT,
+  Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``) for each module whose class computes
   attention itself: its class is swapped for a subclass that keeps HF's steps and calls ``attention()``.
 
 Why a probe: ``set_attn_implementation`` on a model whose attention does not call the interface only logs a

@@ -35,9 +35,12 @@ from transformers.models.falcon import modeling_falcon as falcon
 from transformers.models.gpt_neo import modeling_gpt_neo as gpt_neo
 from transformers.models.megatron_bert import modeling_megatron_bert as megatron
 from transformers.models.mpnet import modeling_mpnet as mpnet
+from transformers.models.rembert import modeling_rembert as rembert
 from transformers.models.roformer import modeling_roformer as roformer
 from transformers.models.swin import modeling_swin as swin
 from transformers.models.swinv2 import modeling_swinv2 as swinv2
+from transformers.models.tapas import modeling_tapas as tapas
+from transformers.models.visual_bert import modeling_visual_bert as visual_bert
 
 REFERENCE = "tests_poly3_reference"
 #: The same function with HF's float eager masks, for models without SDPA support (as HF runs them).
@@ -169,14 +172,35 @@ class RefRoFormerAttention(roformer.RoFormerSelfAttention):
         return _merge(phi(scores, keep) @ v.double()), None
 
 
+def _bert_eager_context(module, hidden_states, attention_mask):
+    d = module.attention_head_size
+    q, k, v = (_heads(p(hidden_states), d) for p in (module.query, module.key, module.value))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
+    return _merge(phi(scores, keep) @ v.double())
+
+
 class RefMegatronBertAttention(megatron.MegatronBertSelfAttention):
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
                 output_attentions=False, **kwargs):
-        d = self.attention_head_size
-        q, k, v = (_heads(p(hidden_states), d) for p in (self.query, self.key, self.value))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-        keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
-        return _merge(phi(scores, keep) @ v.double()), None
+        return _bert_eager_context(self, hidden_states, attention_mask), None
+
+
+class RefRemBertAttention(rembert.RemBertSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
+                output_attentions=False, **kwargs):
+        return _bert_eager_context(self, hidden_states, attention_mask), None
+
+
+class RefTapasAttention(tapas.TapasSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
+                output_attentions=False, **kwargs):
+        return (_bert_eager_context(self, hidden_states, attention_mask),)
+
+
+class RefVisualBertAttention(visual_bert.VisualBertSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        return (_bert_eager_context(self, hidden_states, attention_mask),)
 
 
 class RefData2VecVisionAttention(d2v.Data2VecVisionSelfAttention):
@@ -281,6 +305,9 @@ SWAPS = {
     mpnet.MPNetSelfAttention: RefMPNetAttention,
     roformer.RoFormerSelfAttention: RefRoFormerAttention,
     megatron.MegatronBertSelfAttention: RefMegatronBertAttention,
+    rembert.RemBertSelfAttention: RefRemBertAttention,
+    tapas.TapasSelfAttention: RefTapasAttention,
+    visual_bert.VisualBertSelfAttention: RefVisualBertAttention,
     d2v.Data2VecVisionSdpaSelfAttention: RefData2VecVisionAttention,
     d2v.Data2VecVisionSelfAttention: RefData2VecVisionAttention,
     swinv2.Swinv2SelfAttention: RefSwinv2Attention,

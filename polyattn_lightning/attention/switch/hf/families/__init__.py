@@ -11,7 +11,8 @@ HF's). Adapted (transformers 5.x; module -- class -- score bias / mask / tempera
   ``1 / sqrt(d * (1 + #position types))``;
 * ``mpnet`` -- ``MPNetSelfAttention``: the relative bias;
 * ``roformer`` -- ``RoFormerSelfAttention``: rotary q, k (v), ``1 / sqrt(d)``;
-* ``megatron_bert`` -- ``MegatronBertSelfAttention``: ``1 / sqrt(d)``, encoder or decoder masks;
+* ``bert_eager`` -- BERT's attention computed by hand: ``MegatronBertSelfAttention``, ``RemBertSelfAttention``,
+  ``TapasSelfAttention``, ``VisualBertSelfAttention``: ``1 / sqrt(d)``, encoder or decoder masks;
 * ``data2vec_vision`` -- ``Data2VecVisionSelfAttention`` (eager, SDPA): the relative-position bias;
 * ``swinv2`` -- ``Swinv2SelfAttention``: cosine attention, the logit scale in q, the continuous position bias, the
   shift mask;
@@ -40,7 +41,10 @@ FAMILY_MODULES = {
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": "deberta",
     "transformers.models.mpnet.modeling_mpnet.MPNetSelfAttention": "mpnet",
     "transformers.models.roformer.modeling_roformer.RoFormerSelfAttention": "roformer",
-    "transformers.models.megatron_bert.modeling_megatron_bert.MegatronBertSelfAttention": "megatron_bert",
+    "transformers.models.megatron_bert.modeling_megatron_bert.MegatronBertSelfAttention": "bert_eager",
+    "transformers.models.rembert.modeling_rembert.RemBertSelfAttention": "bert_eager",
+    "transformers.models.tapas.modeling_tapas.TapasSelfAttention": "bert_eager",
+    "transformers.models.visual_bert.modeling_visual_bert.VisualBertSelfAttention": "bert_eager",
     "transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSelfAttention": "data2vec_vision",
     "transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSdpaSelfAttention": "data2vec_vision",
     "transformers.models.swinv2.modeling_swinv2.Swinv2SelfAttention": "swinv2",
