@@ -5,11 +5,13 @@ them (SigLIP: its encoders through the interface, its pooling head's ``nn.Multih
 
 * the interface (most models): the function of ``interface.py`` is registered under
   ``attn_implementation="polyattn"`` and the model gets ``model.set_attn_implementation("polyattn")``; it honours
-  the masks (``masks.py``: BEiT's and Swin's carry a score bias) and the keyword arguments some families pass
-  (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``);
+  the masks (``masks.py``: BEiT's, Doge's and Swin's carry a score bias) and the keyword arguments some families
+  pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``); a model
+  without SDPA support gets HF's float eager masks instead of boolean ones (``interface.implementation_for``);
 * an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, RemBERT, TAPAS, VisualBERT,
-  Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``) for each module whose class computes
-  attention itself: its class is swapped for a subclass that keeps HF's steps and calls ``attention()``.
+  Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``)
+  for each module whose class computes attention itself: its class is swapped for a subclass that keeps HF's
+  steps and calls ``attention()``.
 
 Why a probe: ``set_attn_implementation`` on a model whose attention does not call the interface only logs a
 warning. After switching, :func:`set_attention` runs one small forward (``probe=``, else inputs built from the
