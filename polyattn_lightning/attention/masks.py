@@ -97,6 +97,18 @@ def normalize_masks(
     return Masks(allowed, additive, Nk - Nq if is_causal else None)
 
 
+def split_sentinels(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """A float mask that may carry a score bias as ``(allowed, bias)``: its ``-inf`` and ``finfo.min`` entries mask
+    (by equality: nothing finite lies below ``finfo.min``, and ``finfo.min`` plus a bias of any size below
+    ~1e31 rounds back to it), every other entry is a score bias added to ``S`` (masked entries' bias 0).
+
+    For masks whose builder adds a relative-position bias to a padding mask (Hugging Face's BEiT, a float
+    ``attn_mask`` of ``nn.MultiheadAttention``): a finite entry is never read as "masked", whatever its sign.
+    """
+    masked = mask <= torch.finfo(mask.dtype).min
+    return ~masked, mask.masked_fill(masked, 0.0)
+
+
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> Tensor:
     """The bottom-right causal mask, bool ``(Nq, Nk)``, True where query i may attend key j <= i + Nk - Nq.
 

@@ -10,6 +10,8 @@ BENCHMARKS = {
     "detection": "detection",
     "diagnostics": "diagnostics",
     "hf": "hf",
+    "hf-support": "hf_support",
+    "hf-sweep": "hf_sweep",
     "lra": "lra",
     "timm": "timm_models",
     "timm-support": "timm_support",

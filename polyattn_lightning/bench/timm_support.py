@@ -11,13 +11,10 @@ first model has no attention but a variant has (fastvit, mobilenetv3) shows the 
 
 from __future__ import annotations
 
-import argparse
-import logging
 import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import timm
 import torch
@@ -25,6 +22,7 @@ import torch
 from ..attention.switch.base import SwitchedAttention
 from ..attention.switch.timm import AttentionRefused, switch_modules
 from ..attention.switch.timm.tables import class_name
+from .readme_table import Markers, table_command
 
 #: Name parts of the small members of a model family, smallest first.
 SIZE_ORDER = (
@@ -163,33 +161,22 @@ def table(rows: list[SupportRow]) -> str:
     return "\n".join(lines)
 
 
+MARKERS = Markers(BEGIN, END, "support-table")
+
+
 def replace_table(text: str, new_table: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"the README has no support-table markers ({BEGIN} ... {END})")
-    return pattern.sub(lambda _: f"{BEGIN}\n{new_table}\n{END}", text)
+    return MARKERS.replace(text, new_table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench timm-support", description=__doc__.split("\n")[0]
+    return table_command(
+        argv,
+        prog="python -m polyattn_lightning.bench timm-support",
+        description=__doc__.split("\n")[0],
+        markers=MARKERS,
+        measure=lambda names: table(support_rows(names or None)),
+        subset_help="only these timm model modules",
     )
-    parser.add_argument("--write", type=Path, help="rewrite the table in this Markdown file")
-    parser.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table differs")
-    parser.add_argument("families", nargs="*", help="only these timm model modules")
-    args = parser.parse_args(argv)
-    logging.getLogger("polyattn_lightning").setLevel(logging.ERROR)  # the table says it all
-    measured = table(support_rows(args.families or None))
-    if args.write:
-        args.write.write_text(replace_table(args.write.read_text(), measured))
-    elif args.check:
-        text = args.check.read_text()
-        if replace_table(text, measured) != text:
-            print(f"{args.check}: the timm support table differs from the measurement; rerun with --write")
-            return 1
-    else:
-        print(measured)
-    return 0
 
 
 if __name__ == "__main__":

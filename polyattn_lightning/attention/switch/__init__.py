@@ -1,10 +1,12 @@
 """The one door for every model: ``set_attention(model, "poly3")`` switches its attention in place.
 
 One folder per library: ``timm/`` (the generic SDPA switch, per-family adapters, the refusal tables, the
-probe) and ``hf/`` (Hugging Face transformers, through its own ``AttentionInterface``); ``base.py`` holds what
-they share: :class:`~.base.SwitchedAttention`, the ``capture`` contract the diagnostics rely on, and
-:func:`~.base.register_adapter`. The door imports a library only for that library's models: switching a
-Hugging Face model never imports timm, and ``import polyattn_lightning`` imports neither.
+probe) and ``hf/`` (Hugging Face transformers, through its own ``AttentionInterface`` and per-family adapters
+where a model computes attention itself); what they share: ``base.py`` (:class:`~.base.SwitchedAttention`, the
+``capture`` contract the diagnostics rely on, :func:`~.base.register_adapter`), ``recorder.py`` (the softmax
+recorder that proves a switch) and ``mha.py`` (PyTorch's ``nn.MultiheadAttention``, in any model). The door
+imports a library only for that library's models: switching a Hugging Face model never imports timm, and
+``import polyattn_lightning`` imports neither.
 
 To switch a new library's models, add a folder here with its ``set_attention`` and route its models to it in
 :func:`set_attention` below.

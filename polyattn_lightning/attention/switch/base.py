@@ -134,9 +134,10 @@ class SwitchedAttention(nn.Module):
 ADAPTERS: dict[type[nn.Module], type[SwitchedAttention]] = {}
 
 
-def register_adapter(library_class: type[nn.Module]):
+def register_adapter(library_class: type[nn.Module], registry: dict | None = None):
     """Register the decorated ``SwitchedAttention`` subclass as the switch for ``library_class`` (exactly that
-    class: a subclass of it may have another forward, so it is not switched by inheritance)::
+    class: a subclass of it may have another forward, so it is not switched by inheritance), in ``registry``
+    (:data:`ADAPTERS`, the timm door's, by default; the Hugging Face door keeps its own)::
 
         @register_adapter(timm.models.tnt.Attention)
         class TNTAttention(SwitchedAttention, timm.models.tnt.Attention):
@@ -146,7 +147,7 @@ def register_adapter(library_class: type[nn.Module]):
     def add(cls: type[SwitchedAttention]) -> type[SwitchedAttention]:
         if not (issubclass(cls, library_class) and issubclass(cls, SwitchedAttention)):
             raise TypeError(f"{cls.__qualname__} must subclass SwitchedAttention and {library_class.__qualname__}")
-        ADAPTERS[library_class] = cls
+        (ADAPTERS if registry is None else registry)[library_class] = cls
         return cls
 
     return add

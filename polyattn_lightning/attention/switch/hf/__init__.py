@@ -1,19 +1,30 @@
 """Switch a Hugging Face ``transformers`` model's attention to a registry activation, through transformers' own door.
 
-Reached through :func:`polyattn_lightning.attention.set_attention`. Registers the interface function
-(``interface.py``) under ``attn_implementation="polyattn"`` and calls ``model.set_attn_implementation``.
+Reached through :func:`polyattn_lightning.attention.set_attention`. Two routes, both on one model if it needs
+them (SigLIP: its encoders through the interface, its pooling head's ``nn.MultiheadAttention`` by adapter):
 
-Why a probe: ``set_attn_implementation`` on a model whose attention does not call the interface (DeBERTa,
-Swin V2, ...) only logs a warning. After switching, :func:`set_attention` runs one small forward, counts the
-calls into the function per module, and refuses the model (putting its implementation back) unless every
-attention module was called. The modules it found are then given the project's
-:class:`~polyattn_lightning.attention.switch.base.SwitchedAttention` mixin (their class is swapped for a
-subclass; HF's ``forward`` and parameters are untouched), so the diagnostics' ``capture`` contract holds:
-``attention_modules`` lists them in forward order and ``capture`` gets what ``attention()`` is given. The
-probe's inputs are set_attention's ``probe=`` (a callable running one forward, or a mapping of the model's
-keyword arguments). ``calibrate=True`` runs one more probe forward, with softmax, and folds a temperature per
-head into the query weights (``calibration.py``): what makes a pretrained softmax model fine-tune into ``x^3``
-(configs/README.md).
+* the interface (most models): the function of ``interface.py`` is registered under
+  ``attn_implementation="polyattn"`` and the model gets ``model.set_attn_implementation("polyattn")``; it honours
+  the masks (``masks.py``: BEiT's, Doge's and Swin's carry a score bias) and the keyword arguments some families
+  pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``); a model
+  without SDPA support gets HF's float eager masks instead of boolean ones (``interface.implementation_for``);
+* an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, RemBERT, TAPAS, VisualBERT,
+  Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``)
+  for each module whose class computes attention itself: its class is swapped for a subclass that keeps HF's
+  steps and calls ``attention()``.
+
+Why a probe: ``set_attn_implementation`` on a model whose attention does not call the interface only logs a
+warning. After switching, :func:`set_attention` runs one small forward (``probe=``, else inputs built from the
+config: ``probe.py``) on a non-softmax activation under the softmax recorder (``switch/recorder.py``), counts
+per module the calls of the interface function and of the adapters, and refuses the model (putting everything
+back) unless every attention layer (a leaf-most module whose class name says ``Attention``) attended through
+one of them and no softmax or SDPA call is left inside an attention layer. The modules the interface reached
+are then given the project's :class:`~polyattn_lightning.attention.switch.base.SwitchedAttention` mixin
+(their class is swapped for a subclass; HF's ``forward`` and parameters are untouched), so the diagnostics'
+``capture`` contract holds: ``attention_modules`` lists them in forward order and ``capture`` gets what
+``attention()`` is given. ``calibrate=True`` runs one more probe forward, with softmax, and folds a temperature
+per head into the query weights (``calibration.py``): what makes a pretrained softmax model fine-tune into
+``x^3`` (configs/README.md).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
@@ -29,23 +40,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers import PreTrainedModel
 
 from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
 from ..base import AttentionInputs, SwitchedAttention
+from ..recorder import SoftmaxCall, softmax_calls
 from . import interface
 from .calibration import fold_temperatures
+from .families import adapter_for
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
+from .probe import PROBE_TOKENS, probe_inputs
 
 interface.register()  # a switched model unpickled in a new process finds its attention function registered
 
 #: The config attribute that stores the activation spec (saved by ``save_pretrained``).
 CONFIG_KEY = "polyattn_attention"
-#: Tokens per row of the probe forward (a few, so a causal model has more than one query row).
-PROBE_TOKENS = 6
+#: The activation of the probe forward: not softmax, so a softmax or SDPA call left in an attention layer shows.
+PROBE_ACTIVATION = "relu"
 
 
 # --------------------------------------------------------------------------- switching
@@ -61,42 +75,48 @@ def set_attention(
     """Switch every attention layer of an HF ``PreTrainedModel`` to ``activation``; returns how many.
 
     Args:
-        model: a ``transformers`` model whose attention goes through ``AttentionInterface`` (BERT, ViT, Llama...).
+        model: a ``transformers`` model (the README's Hugging Face table lists the families and their state).
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
-        probe: the forward that shows every layer goes through the interface (and that ``calibrate`` measures):
-            a mapping of ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for
-            timm models, a callable running one forward of ``model``; None makes a few token ids (two rows, the
-            second padded) or one blank image, as the model's ``main_input_name`` asks. A batch of real inputs
+        probe: the forward that shows every layer is switched (and that ``calibrate`` measures): a mapping of
+            ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for timm models,
+            a callable running one forward of ``model``; None builds inputs from the model's config (text,
+            image, video, waveform, log-mel features, image + text: ``probe.py``). A batch of real inputs
             (e.g. training data) gives ``calibrate`` real scores to measure.
         calibrate: also fold one temperature per head into the query projections, chosen so that each layer's
             output starts nearest to the softmax output of the weights it was given
             (:mod:`~polyattn_lightning.attention.switch.hf.calibration`): once, when switching a pretrained softmax
             model.
 
-    Raises :class:`ConfigError`, leaving the model as it was, when the model's attention does not go through
-    transformers' ``AttentionInterface`` in every layer, passes a keyword argument the activation cannot honour,
-    or (``calibrate``) has no query projection to fold the temperatures into.
+    Raises :class:`ConfigError`, leaving the model as it was, when an attention layer is neither reached through
+    transformers' ``AttentionInterface`` nor has an adapter, still computes softmax, has a configuration its
+    adapter refuses, or (``calibrate``) has no query projection to fold the temperatures into.
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)
     model_name = type(model).__name__
-    for sub in model.modules():
-        if isinstance(sub, PreTrainedModel) and not type(sub)._can_set_attn_implementation():
-            raise ConfigError(
-                f"{model_name} cannot be switched: {type(sub).__name__}'s attention does not go through transformers' "
-                "AttentionInterface (set_attention needs models whose attention modules call "
-                "ALL_ATTENTION_FUNCTIONS.get_interface, e.g. BERT, ViT, Llama, Qwen2, Mistral, GPT-2)"
-            )
+    adapted = [(name, module, adapter) for name, module in model.named_modules() if (adapter := adapter_for(module))]
+    refused = [f"{name} ({type(m).__name__}): {why}" for name, m, adapter in adapted if (why := _refusal(adapter, m))]
+    if refused:
+        raise ConfigError(f"{model_name} cannot be switched: {'; '.join(refused)}")
     run = _probe_forward(model, probe)
+    through_interface = type(model)._can_set_attn_implementation()
     previous = model.config._attn_implementation
-    model.set_attn_implementation(IMPLEMENTATION)
+    undo = [_swap(module, adapter) for _, module, adapter in adapted]
+    if through_interface:
+        interface.register()
+        model.set_attn_implementation(interface.implementation_for(model))
     try:
-        found = _check_every_layer(model, _run_probe(model, run, Probe(activation)).calls)
+        state = Probe(PROBE_ACTIVATION)
+        left = _run_probe(model, run, state, [m for _, m, _ in adapted], default=probe is None)
+        found = _check_every_layer(model, state.calls, left)
         if calibrate:  # every check before a weight changes: a refusal leaves the model as it was
-            fold_temperatures(found, _softmax_inputs(model, run), activation)
+            fold_temperatures(found, _softmax_inputs(model, run, [m for _, m, _ in adapted]), activation)
     except BaseException:
-        model.set_attn_implementation(previous)
+        for restore in reversed(undo):
+            restore()
+        if through_interface:
+            model.set_attn_implementation(previous)
         raise
     for module in found:
         if not isinstance(module, SwitchedAttention):
@@ -105,6 +125,31 @@ def set_attention(
         module.activation_spec = activation
     setattr(model.config, CONFIG_KEY, activation)
     return len(found)
+
+
+def _refusal(adapter: type[SwitchedAttention], module: nn.Module) -> str | None:
+    """Why ``adapter`` does not switch ``module`` as configured (DeBERTa's talking heads), or None."""
+    refusal = getattr(adapter, "refusal", None)
+    return None if refusal is None else refusal(module)
+
+
+def _swap(module: nn.Module, adapter: type[SwitchedAttention]) -> Callable[[], None]:
+    """Give ``module`` its adapter's class (``capture`` None); return what puts it back."""
+    saved_class, saved = (
+        type(module),
+        {k: module.__dict__[k] for k in ("activation_spec", "capture") if k in module.__dict__},
+    )
+
+    def restore() -> None:
+        module.__class__ = saved_class
+        for key in ("activation_spec", "capture"):
+            module.__dict__.pop(key, None)
+        module.__dict__.update(saved)
+
+    if type(module) is not adapter:
+        module.__class__ = adapter
+        module.capture = None
+    return restore
 
 
 def _probe_forward(model: PreTrainedModel, probe: Mapping | Callable[[], object] | None) -> Callable[[], object]:
@@ -116,62 +161,83 @@ def _probe_forward(model: PreTrainedModel, probe: Mapping | Callable[[], object]
             f"{type(model).__name__}: probe= must be a mapping of the model's keyword arguments or a "
             f"callable running one forward, got {type(probe).__name__}"
         )
-    inputs = dict(probe) if probe is not None else _default_probe_inputs(model)
+    inputs = dict(probe) if probe is not None else probe_inputs(model)
     return lambda: model(**inputs)
 
 
-def _run_probe(model: PreTrainedModel, run: Callable[[], object], probe: Probe) -> Probe:
-    """One eval, no-grad forward (``run``) with every polyattn call going through ``probe``."""
+def _run_probe(
+    model: PreTrainedModel,
+    run: Callable[[], object],
+    probe: Probe,
+    adapted: list[nn.Module],
+    default: bool = False,
+) -> list[SoftmaxCall]:
+    """One eval, no-grad forward (``run``) with every attention call going through ``probe`` (the interface's
+    and the adapters'); returns the softmax calls it made. A default probe that fails is a one-line error."""
     was_training = model.training
+    saved = [(m, m.activation_spec if "activation_spec" in m.__dict__ else None, m.capture) for m in adapted]
     try:
         model.eval()
+        for module in adapted:
+            module.activation_spec, module.capture = probe.spec, probe.seen
         with torch.no_grad(), interface.probing(probe):
-            run()
-        return probe
+            return softmax_calls(model, run)
     except ConfigError as error:
         raise ConfigError(f"{type(model).__name__}: {error}") from None
+    except Exception as error:
+        if not default:
+            raise
+        first = str(error).splitlines()[0][:200] if str(error) else ""
+        raise ConfigError(
+            f"{type(model).__name__}: the default probe forward (inputs built from its config) failed "
+            f"({type(error).__name__}: {first}); pass probe= to set_attention (a mapping of the keyword "
+            "arguments of one small forward, or a callable)"
+        ) from error
     finally:
         model.train(was_training)
+        for module, spec, capture in saved:
+            module.capture = capture
+            if spec is None:
+                module.__dict__.pop("activation_spec", None)
+            else:
+                module.activation_spec = spec
 
 
-def _softmax_inputs(model: PreTrainedModel, run: Callable[[], object]) -> dict[int, AttentionInputs]:
+def _softmax_inputs(
+    model: PreTrainedModel, run: Callable[[], object], adapted: list[nn.Module]
+) -> dict[int, AttentionInputs]:
     """What each attention module attends in a softmax forward of ``run`` (its first call), by module id."""
     recorded: dict[int, AttentionInputs] = {}
-    _run_probe(model, run, Probe("softmax", capture=lambda module, inputs: recorded.setdefault(id(module), inputs)))
+    capture = Probe("softmax", capture=lambda module, inputs: recorded.setdefault(id(module), inputs))
+    _run_probe(model, run, capture, adapted)
     return recorded
 
 
-def _default_probe_inputs(model: PreTrainedModel) -> dict[str, Tensor]:
-    """A few tokens (two rows, the second padded) or one image, on the model's device."""
-    config = model.config.get_text_config() if model.main_input_name == "input_ids" else model.config
-    device = next(model.parameters()).device
-    if model.main_input_name == "input_ids":
-        ids = torch.arange(2 * PROBE_TOKENS, device=device).reshape(2, PROBE_TOKENS) % config.vocab_size
-        mask = torch.ones_like(ids)
-        mask[1, -2:] = 0
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if getattr(model.config, "is_encoder_decoder", False):
-            inputs["decoder_input_ids"] = ids
-        return inputs
-    if model.main_input_name == "pixel_values":
-        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
-        return {"pixel_values": torch.zeros(1, config.num_channels, *size, device=device, dtype=model.dtype)}
-    raise ConfigError(
-        f"{type(model).__name__} takes {model.main_input_name!r}: pass probe= (the keyword arguments of one "
-        "small forward) to set_attention"
-    )
-
-
-def _check_every_layer(model: PreTrainedModel, calls: dict[int, int]) -> list[nn.Module]:
-    """The modules the probe reached, in ``named_modules`` order; refuse the model if an attention layer
-    (a leaf-most module whose class name says ``Attention``) was not reached."""
+def _check_every_layer(model: PreTrainedModel, calls: dict[int, int], left: list[SoftmaxCall]) -> list[nn.Module]:
+    """The modules the probe reached, in ``named_modules`` order; refuse the model if an attention layer (a
+    leaf-most module whose class name says ``Attention``) was not reached or still calls softmax itself."""
     reached = [module for module in model.modules() if id(module) in calls]
-    missed = [f"{name} ({type(m).__name__})" for name, m in _attention_like(model) if id(m) not in calls]
-    if missed or not reached:
+    attention_like = _attention_like(model)
+    missed = [f"{name} ({type(m).__name__})" for name, m in attention_like if id(m) not in calls]
+    inside = {id(m) for _, m in attention_like} | {id(m) for m in reached}
+    softmax = {}
+    for call in left:  # made by an attention layer itself: a gate or router inside one (JetMoE's) is not attention
+        if call.stack and id(call.stack[-1][1]) in inside:
+            path, module = call.stack[-1]
+            softmax.setdefault(path, f"{path} ({type(module).__name__}) calls {call.function}")
+    problems = []
+    if missed:
+        problems.append(
+            f"{', '.join(missed[:3])}{f' (+{len(missed) - 3} more)' if len(missed) > 3 else ''} did not attend "
+            "in the probe forward through transformers' AttentionInterface or an adapter (attention/switch/hf/"
+            "families): they compute attention themselves, or the probe did not run them (pass probe= that does)"
+        )
+    if softmax:
+        problems.append("softmax left in an attention layer: " + ", ".join(list(softmax.values())[:3]))
+    if problems or not reached:
         raise ConfigError(
-            f"{type(model).__name__} cannot be switched: the probe forward reached "
-            f"{len(reached)} attention call(s) through transformers' AttentionInterface but not "
-            f"{', '.join(missed) or 'any attention layer'}; these layers compute attention themselves"
+            f"{type(model).__name__} cannot be switched: "
+            + ("; ".join(problems) or "the probe forward reached no attention layer")
         )
     return reached
 
@@ -190,11 +256,17 @@ _SWITCHED_PREFIX = "Switched__"
 _switched: dict[type[nn.Module], type[SwitchedAttention]] = {}
 
 
+#: ``SwitchedAttention.map_layout`` of the interface classes whose rows are not ``B`` token sequences.
+MAP_LAYOUTS = {"transformers.models.swin.modeling_swin.SwinAttention": "shifted_windows"}
+
+
 def switched_class(cls: type[nn.Module]) -> type[SwitchedAttention]:
     """``SwitchedAttention`` + the HF class (its forward unchanged), one per class, picklable by name."""
     if cls not in _switched:
-        name = _SWITCHED_PREFIX + f"{cls.__module__}.{cls.__qualname__}".replace(".", "__")
-        _switched[cls] = type(name, (SwitchedAttention, cls), {"__module__": __name__, "__qualname__": name})
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        name = _SWITCHED_PREFIX + qualified.replace(".", "__")
+        namespace = {"__module__": __name__, "__qualname__": name, "map_layout": MAP_LAYOUTS.get(qualified, "tokens")}
+        _switched[cls] = type(name, (SwitchedAttention, cls), namespace)
     return _switched[cls]
 
 
@@ -231,6 +303,8 @@ def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs
 __all__ = [
     "CONFIG_KEY",
     "IMPLEMENTATION",
+    "PROBE_TOKENS",
+    "probe_inputs",
     "load_pretrained",
     "polyattn_attention",
     "set_attention",

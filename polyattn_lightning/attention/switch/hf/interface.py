@@ -3,20 +3,25 @@
 transformers 5.x routes attention through ``AttentionInterface``: each attention module calls
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, dropout=, scaling=, **kwargs)``
 and the model builds its mask with the ``AttentionMaskInterface`` function of the same name. :func:`register`
-registers one attention function (:func:`polyattn_attention`) and one boolean mask function under
-:data:`IMPLEMENTATION` (once per process; the registry is global). The activation is not global: it is read
+registers one attention function (:func:`polyattn_attention`) under two names (once per process; the
+registry is global): :data:`IMPLEMENTATION` with HF's boolean mask function, and
+:data:`EAGER_MASKS_IMPLEMENTATION` with its float eager masks, for the models that do not support SDPA (some
+read the mask themselves in that format). The activation is not global: it is read
 from the module being called (``module.activation_spec``), so two models with different activations live in
 one process.
 
 What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding
-window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``, see
-:func:`~.masks.split_mask`), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else
-causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
+window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``), the float masks
+models build themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's and
+Swin's carry a bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``,
+else causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
 (``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the temperature, attention dropout (HF
-passes 0 in eval), and the (B, L, H, D) output layout. A cached-generation step (a few query rows, no mask, no
-gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call. What it refuses,
-naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a non-softmax
-activation cannot take as they are meant.
+passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families add
+(``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
+attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``).
+Other keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few
+query rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own
+``sdpa`` call.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from ....errors import ConfigError
 from ...functional import attention
@@ -36,26 +41,35 @@ from ...kernels.materialized import materialized
 from ...masks import causal_mask
 from ...registry import Activation, ActivationSpec, get_activation
 from ..base import AttentionInputs, Capture
-from .masks import split_mask
+from .extras import softcapped_attention, with_position_bias, with_sinks
+from .masks import interface_masks
 
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
-#: Keyword arguments of HF attention calls that a non-softmax activation cannot honour.
-UNSUPPORTED_KWARGS = ("softcap", "s_aux", "position_bias")
+#: The same attention function with HF's eager masks (float, 0 keep / ``finfo.min``), for models that do not
+#: support SDPA: some read the 4-D mask themselves in that format (NLLB-MoE's router takes ``mask.bool()`` as
+#: padding), which a boolean mask would invert.
+EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
 #: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
 #: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
 DECODE_ROWS = 8
-#: Tokens per row of the probe forward (a few, so a causal model has more than one query row).
 
 
 class Probe:
-    """The probe in progress: the spec to attend with, how often each module called the function, and the
-    ``capture`` every module gets meanwhile (None: none, the diagnostics' hooks are off during a probe)."""
+    """The probe in progress: the spec to attend with, how often each module attended (through this function
+    or an adapter's ``_attend``), and the ``capture`` every module gets meanwhile (None: none, the diagnostics'
+    hooks are off during a probe)."""
 
     def __init__(self, spec: ActivationSpec, capture: Capture | None = None):
         self.spec = spec
         self.calls: dict[int, int] = {}
         self.capture = capture
+
+    def seen(self, module: nn.Module, inputs: AttentionInputs) -> None:
+        """A module's capture during the probe: counts the call, then hands it to ``capture``."""
+        self.calls[id(module)] = self.calls.get(id(module), 0) + 1
+        if self.capture is not None:
+            self.capture(module, inputs)
 
 
 _probe: Probe | None = None
@@ -87,20 +101,18 @@ def polyattn_attention(
 
     q ``(B, H, Q, D)``, k/v ``(B, H_kv, KV, D)``; returns ``((B, Q, H, D), None)`` (no attention weights).
     """
-    for name in UNSUPPORTED_KWARGS:
-        if kwargs.get(name) is not None:
-            raise ConfigError(
-                f"{type(module).__name__} passes {name}= to its attention, which polyattn attention cannot honour "
-                f"(supported: models whose attention takes q, k, v, a mask, dropout and scaling only)"
-            )
     spec = _spec_of(module)
+    softcap, position_bias = kwargs.get("softcap"), kwargs.get("position_bias")
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    plain = softcap is None and sinks is None and position_bias is None
     q_len = query.shape[2]
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
         if (
-            not causal
+            plain
+            and not causal
             and q_len <= DECODE_ROWS
             and not torch.is_grad_enabled()
             and not dropout
@@ -117,13 +129,25 @@ def polyattn_attention(
         if causal and key.shape[2] > q_len:
             # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
             key, value = key[:, :, :q_len], value[:, :, :q_len]
+            position_bias = None if position_bias is None else position_bias[..., :q_len]
     else:
-        causal, masks = split_mask(attention_mask)
-    capture = _probe.capture if _probe is not None else getattr(module, "capture", None)
+        causal, masks = interface_masks(module, attention_mask)
+    if position_bias is not None:
+        masks = with_position_bias(masks, position_bias)
+    if sinks is not None:
+        key, value, masks = with_sinks(key, value, masks, sinks)
+    capture = _probe.seen if _probe is not None else getattr(module, "capture", None)
     if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
-        seen = dict(masks, attn_mask=causal_mask(q_len, key.shape[2], query.device)) if causal else masks
+        seen = masks
+        if causal:
+            written = causal_mask(q_len, key.shape[2], query.device)
+            given = masks.get("attn_mask")
+            seen = {**masks, "attn_mask": written if given is None else given & written}
         capture(module, AttentionInputs(query, key, value, temperature, **seen))
-    out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
+    if softcap is not None:
+        out = softcapped_attention(query, key, value, spec, temperature, softcap, dropout, causal, masks)
+    else:
+        out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -152,7 +176,6 @@ def materialized_step(query: Tensor, key: Tensor, value: Tensor, act: Activation
 
 def _spec_of(module: nn.Module) -> ActivationSpec:
     if _probe is not None:
-        _probe.calls[id(module)] = _probe.calls.get(id(module), 0) + 1
         return _probe.spec
     spec = getattr(module, "activation_spec", None)
     if spec is None:
@@ -168,3 +191,11 @@ def register() -> None:
         AttentionInterface.register(IMPLEMENTATION, polyattn_attention)
         # HF's boolean (B, 1, Q, KV) mask, True = attend; None where SDPA could rely on is_causal or no mask
         AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+        AttentionInterface.register(EAGER_MASKS_IMPLEMENTATION, polyattn_attention)
+        AttentionMaskInterface.register(EAGER_MASKS_IMPLEMENTATION, eager_mask)
+
+
+def implementation_for(model: nn.Module) -> str:
+    """The name a model is switched to: :data:`IMPLEMENTATION` (boolean masks) where it supports SDPA, else
+    :data:`EAGER_MASKS_IMPLEMENTATION` (the float masks its eager code was written for)."""
+    return IMPLEMENTATION if getattr(type(model), "_supports_sdpa", True) else EAGER_MASKS_IMPLEMENTATION

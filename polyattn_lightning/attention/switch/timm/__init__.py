@@ -49,6 +49,7 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...registry import ActivationSpec, get_activation
+from .. import mha  # noqa: F401  (registers torch's nn.MultiheadAttention switch, for any model holding one)
 from ..base import ADAPTERS, SwitchedAttention
 from . import families, sdpa  # noqa: F401  (register the hand-written and the generic adapters)
 from .probe import SoftmaxCall, image_probe, softmax_calls

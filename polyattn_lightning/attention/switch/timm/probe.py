@@ -1,16 +1,13 @@
-"""The probe: which modules still compute softmax (or call SDPA) in a forward, recorded, not guessed.
+"""The timm probe: the image a model was built for, and the softmax calls of a forward on it.
 
-:func:`softmax_calls` runs a forward under a :class:`~torch.overrides.TorchFunctionMode` that records
-every softmax-like call (``F.softmax``, ``Tensor.softmax``, ``torch.softmax``, ``log_softmax``,
-``softmin``, SDPA, ``F.multi_head_attention_forward``) with the stack of modules whose forward was
-running. ``set_attention`` probes the model after switching it to a non-softmax activation, so any
-call left is softmax outside a switched attention. A softmax written as ``exp() / sum()`` is not seen.
+:func:`image_probe` makes one random image at the size the model was built for (:func:`built_size`);
+the recorder that says which modules still compute softmax is shared with the Hugging Face switch
+(:mod:`~polyattn_lightning.attention.switch.recorder`, re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import timm.models.efficientformer_v2 as efficientformer_v2
 import timm.models.gcvit as gcvit
@@ -19,65 +16,8 @@ import timm.models.levit as levit
 import timm.models.mvitv2 as mvitv2
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-#: The function names that mean "softmax attention is still computed here".
-RECORDED = frozenset(
-    {
-        "softmax",
-        "log_softmax",
-        "softmin",
-        "_softmax",
-        "_log_softmax",
-        "scaled_dot_product_attention",
-        "multi_head_attention_forward",
-    }
-)
-
-
-@dataclass(frozen=True)
-class SoftmaxCall:
-    """One recorded call: the function and the modules that were running, outermost first."""
-
-    function: str
-    stack: tuple[tuple[str, nn.Module], ...]  # (path in the model, module)
-
-    @property
-    def path(self) -> str:
-        return self.stack[-1][0] if self.stack else ""
-
-
-class _Recorder(TorchFunctionMode):
-    def __init__(self, stack: list[tuple[str, nn.Module]]):
-        super().__init__()
-        self.stack = stack
-        self.calls: list[SoftmaxCall] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in RECORDED:
-            self.calls.append(SoftmaxCall(name, tuple(self.stack)))
-        return func(*args, **(kwargs or {}))
-
-
-def softmax_calls(model: nn.Module, run: Callable[[], object]) -> list[SoftmaxCall]:
-    """Run ``run()`` (a forward of ``model``) and return the softmax-like calls it made, in order."""
-    stack: list[tuple[str, nn.Module]] = []
-    handles = []
-
-    def leave(module, args, output) -> None:  # a hook that returned the popped entry would replace the output
-        stack.pop()
-
-    for name, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append((name, m))))
-        handles.append(module.register_forward_hook(leave, always_call=True))
-    try:
-        with _Recorder(stack) as recorder:
-            run()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return recorder.calls
+from ..recorder import RECORDED, SoftmaxCall, softmax_calls
 
 
 def image_probe(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Callable[[], object] | None:
@@ -156,3 +96,6 @@ GRID_SIZED: dict[type[nn.Module], Callable[[nn.Module], tuple[int, ...] | None]]
     mvitv2.MultiScaleVit: _first_stage_size,
     hiera.Hiera: lambda model: _times(model.tokens_spatial_shape, model.patch_stride),
 }
+
+
+__all__ = ["GRID_SIZED", "RECORDED", "SoftmaxCall", "built_size", "image_probe", "softmax_calls"]

@@ -1,50 +1,17 @@
 """Tiny Hugging Face models built from configs (random weights), and the tests' own attention reference.
 
-The reference (:func:`reference_attention`) is written from the formula, independently of the project:
-``S = q k^T * scaling``; the pairs HF's boolean mask (or causality) forbids are dropped; ``N`` counts the
-keys a query may attend; ``out = (S^3 / sqrt(N)) v``. It is registered with transformers as
-:data:`REFERENCE` so a model can run it through the same ``AttentionInterface`` door.
+The reference (``references.py``: :func:`~references.attention_reference`) is written from the formula,
+independently of the project: ``S = q k^T * scaling``; the pairs HF's boolean mask (or causality) forbids are
+dropped; ``N`` counts the keys a query may attend; ``out = (S^3 / sqrt(N)) v``. It is registered with
+transformers as :data:`REFERENCE` so a model can run it through the same ``AttentionInterface`` door.
 """
 from __future__ import annotations
 
 import copy
 
 import torch
-from transformers import (
-    AttentionInterface,
-    BertConfig,
-    BertModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    ViTConfig,
-    ViTModel,
-)
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-REFERENCE = "tests_poly3_reference"
-
-
-def reference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """x^3 / sqrt(N) attention, the whole score matrix, fp64; HF's (output (B, L, H, D), None)."""
-    q, k, v = query.double(), key.double(), value.double()
-    heads_per_kv = q.shape[1] // k.shape[1]
-    k = torch.cat([k[:, h // heads_per_kv : h // heads_per_kv + 1] for h in range(q.shape[1])], dim=1)
-    v = torch.cat([v[:, h // heads_per_kv : h // heads_per_kv + 1] for h in range(q.shape[1])], dim=1)
-    s = q @ k.transpose(-1, -2) * scaling
-    nq, nk = s.shape[-2:]
-    if attention_mask is not None:
-        keep = attention_mask.expand(s.shape)
-    elif getattr(module, "is_causal", True) and nq > 1:
-        keep = torch.tensor([[j <= i for j in range(nk)] for i in range(nq)]).expand(s.shape)
-    else:
-        keep = torch.ones(s.shape, dtype=torch.bool)
-    n = keep.sum(-1, keepdim=True).clamp_min(1).double()
-    phi = torch.where(keep, s**3 / n.sqrt(), 0.0)
-    return (phi @ v).to(query.dtype).transpose(1, 2), None
-
-
-AttentionInterface.register(REFERENCE, reference_attention)
-AttentionMaskInterface.register(REFERENCE, sdpa_mask)
+from references import REFERENCE
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, ViTConfig, ViTModel
 
 
 # initializer_range 0.2 (HF's default is 0.02): scores of order 1, so x^3 attention is not ~0 and the tests see it

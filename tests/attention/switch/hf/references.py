@@ -1,0 +1,330 @@
+"""The tests' own x^3 / sqrt(N) references for the HF families, written independently of the project.
+
+Each is HF's eager code of that family (transformers 5.x), copied with its softmax replaced by :func:`phi`
+(``S^3 / sqrt(N)``, N = the keys a query may attend, masked pairs 0, fp64), with the family's own scale and
+position terms. Two kinds:
+
+* :func:`attention_reference`, registered with transformers under :data:`REFERENCE` (``AttentionInterface``,
+  boolean masks from ``sdpa_mask``): the generic eager function (``repeat_kv``, ``S = q k^T * scaling``), plus
+  what some families add: T5's ``position_bias``, Gemma 2's ``softcap``, GPT-OSS's and Inkling 2's sinks (for
+  poly3 the meaning the switch defines: a key with value 0, so N counts it), BEiT's and Doge's float masks (a
+  score bias, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
+  without SDPA support get HF's float eager masks (:data:`REFERENCE_EAGER_MASKS`), as HF runs them;
+* class swaps (:data:`SWAPS`): a subclass of the HF attention class whose ``forward`` is HF's eager forward
+  with ``phi``, for the families outside the interface and for Swin (whose bias and shift mask are apart only
+  inside its forward). :func:`reference_twin` gives a copy of a model attending through these.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.models.beit.modeling_beit import BeitAttention
+from transformers.models.bloom import modeling_bloom as bloom
+from transformers.models.data2vec import modeling_data2vec_vision as d2v
+from transformers.models.deberta import modeling_deberta as deberta
+from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta_v2
+from transformers.models.doge.modeling_doge import DogeAttention
+from transformers.models.falcon import modeling_falcon as falcon
+from transformers.models.gpt_neo import modeling_gpt_neo as gpt_neo
+from transformers.models.megatron_bert import modeling_megatron_bert as megatron
+from transformers.models.mpnet import modeling_mpnet as mpnet
+from transformers.models.rembert import modeling_rembert as rembert
+from transformers.models.roformer import modeling_roformer as roformer
+from transformers.models.swin import modeling_swin as swin
+from transformers.models.swinv2 import modeling_swinv2 as swinv2
+from transformers.models.tapas import modeling_tapas as tapas
+from transformers.models.visual_bert import modeling_visual_bert as visual_bert
+
+REFERENCE = "tests_poly3_reference"
+#: The same function with HF's float eager masks, for models without SDPA support (as HF runs them).
+REFERENCE_EAGER_MASKS = "tests_poly3_reference_eager_masks"
+
+
+def phi(scores, keep, extra_keys: int = 0):
+    """``S^3 / sqrt(N)`` where ``keep``, 0 elsewhere, fp64; N = kept keys of the row (+ ``extra_keys``)."""
+    scores = scores.double()
+    keep = keep.expand(scores.shape)
+    n = keep.sum(-1, keepdim=True).double() + extra_keys
+    return torch.where(keep, scores**3, 0.0) / n.clamp_min(1).sqrt()
+
+
+def attention_reference(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The generic eager attention with :func:`phi`; HF's ``(output (B, L, H, D), None)``."""
+    q, k, v = query.double(), key.double(), value.double()
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    if kwargs.get("softcap") is not None:
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    if kwargs.get("position_bias") is not None:
+        scores = scores + kwargs["position_bias"].double()
+    nq, nk = scores.shape[-2:]
+    keep = torch.ones(nq, nk, dtype=torch.bool)
+    if attention_mask is None:
+        if getattr(module, "is_causal", True) and nq > 1:
+            keep = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
+    elif attention_mask.dtype == torch.bool:
+        keep = attention_mask
+    elif isinstance(module, (BeitAttention, DogeAttention)):  # a bias as the mask: BEiT's position bias, Doge's
+        keep = attention_mask > torch.finfo(attention_mask.dtype).min
+        scores = scores + torch.where(keep, attention_mask.double(), 0.0)
+    else:
+        keep = attention_mask == 0
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    out = phi(scores, keep, extra_keys=0 if sinks is None else 1) @ v  # a sink: one more key, of value 0
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(REFERENCE, attention_reference)
+AttentionMaskInterface.register(REFERENCE, sdpa_mask)
+AttentionInterface.register(REFERENCE_EAGER_MASKS, attention_reference)
+AttentionMaskInterface.register(REFERENCE_EAGER_MASKS, eager_mask)
+
+
+def _heads(x, d):
+    return x.view(*x.shape[:-1], -1, d).transpose(1, 2)
+
+
+def _merge(x):
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).float()
+
+
+def _kept(mask):
+    """An HF model's own mask: True where it lets a pair attend."""
+    return mask == 0 if mask.is_floating_point() else mask.bool()
+
+
+class RefSwinAttention(swin.SwinAttention):
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        q, k, v = (_heads(p(hidden_states), self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-1, -2) * self.scaling + self.relative_position_bias()
+        keep = torch.ones(1, dtype=torch.bool)
+        if attention_mask is not None:  # (windows, N, N): 0 keeps, -100 masks
+            keep = (attention_mask == 0).repeat(input_shape[0] // attention_mask.shape[0], 1, 1).unsqueeze(1)
+        out = phi(scores, keep) @ v.double()
+        return self.o_proj(_merge(out)), None
+
+
+class RefDebertaAttention(deberta.DisentangledSelfAttention):
+    def forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
+                rel_embeddings=None):
+        q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)
+        q = q + self.transpose_for_scores(self.q_bias[None, None, :])
+        v = v + self.transpose_for_scores(self.v_bias[None, None, :])
+        scale_factor = 1 + len(self.pos_att_type)
+        q = q / deberta.scaled_size_sqrt(q, scale_factor).to(dtype=q.dtype)
+        scores = q @ k.transpose(-1, -2)
+        if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
+            scores = scores + self.disentangled_att_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings),
+                                                         scale_factor)
+        return _merge(phi(scores, attention_mask.bool()) @ v.double()), None
+
+
+class RefDebertaV2Attention(deberta_v2.DisentangledSelfAttention):
+    def forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
+                rel_embeddings=None):
+        h = self.num_attention_heads
+        q = self.transpose_for_scores(self.query_proj(hidden_states), h)
+        k = self.transpose_for_scores(self.key_proj(hidden_states), h)
+        v = self.transpose_for_scores(self.value_proj(hidden_states), h)
+        scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
+        scale = deberta_v2.scaled_size_sqrt(q, scale_factor)
+        scores = torch.bmm(q, k.transpose(-1, -2) / scale.to(dtype=q.dtype))
+        if self.relative_attention:
+            scores = scores + self.disentangled_attention_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings),
+                                                               scale_factor)
+        scores = scores.view(-1, h, scores.size(-2), scores.size(-1))
+        out = phi(scores, attention_mask.bool()) @ v.view(-1, h, *v.shape[1:]).double()
+        return _merge(out), None
+
+
+class RefMPNetAttention(mpnet.MPNetSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
+        d = self.attention_head_size
+        q, k, v = (_heads(p(hidden_states), d) for p in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        if position_bias is not None:
+            scores = scores + position_bias
+        keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
+        return (self.o(_merge(phi(scores, keep) @ v.double())),)
+
+
+class RefRoFormerAttention(roformer.RoFormerSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, sinusoidal_pos=None, encoder_hidden_states=None,
+                cache=None, output_attentions=False, **kwargs):
+        d = self.attention_head_size
+        q, k, v = (_heads(p(hidden_states), d) for p in (self.query, self.key, self.value))
+        if sinusoidal_pos is not None:
+            if self.rotary_value:
+                q, k, v = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v)
+            else:
+                q, k = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
+        return _merge(phi(scores, keep) @ v.double()), None
+
+
+def _bert_eager_context(module, hidden_states, attention_mask):
+    d = module.attention_head_size
+    q, k, v = (_heads(p(hidden_states), d) for p in (module.query, module.key, module.value))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
+    return _merge(phi(scores, keep) @ v.double())
+
+
+class RefMegatronBertAttention(megatron.MegatronBertSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
+                output_attentions=False, **kwargs):
+        return _bert_eager_context(self, hidden_states, attention_mask), None
+
+
+class RefRemBertAttention(rembert.RemBertSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
+                output_attentions=False, **kwargs):
+        return _bert_eager_context(self, hidden_states, attention_mask), None
+
+
+class RefTapasAttention(tapas.TapasSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
+                output_attentions=False, **kwargs):
+        return (_bert_eager_context(self, hidden_states, attention_mask),)
+
+
+class RefVisualBertAttention(visual_bert.VisualBertSelfAttention):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        return (_bert_eager_context(self, hidden_states, attention_mask),)
+
+
+class RefData2VecVisionAttention(d2v.Data2VecVisionSelfAttention):
+    def forward(self, hidden_states, output_attentions=False, relative_position_bias=None,
+                interpolate_pos_encoding=False, resolution=None):
+        d = self.attention_head_size
+        q, k, v = (_heads(p(hidden_states), d) for p in (self.query, self.key, self.value))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        if self.has_relative_position_bias:
+            height, width = resolution
+            window_size = (height // self.config.patch_size, width // self.config.patch_size)
+            scores = scores + self.relative_position_bias(window_size, interpolate_pos_encoding,
+                                                          dim_size=hidden_states.shape[1])
+        if relative_position_bias is not None:
+            scores = scores + relative_position_bias
+        return (_merge(phi(scores, torch.ones(1, dtype=torch.bool)) @ v.double()),)
+
+
+class RefSwinv2Attention(swinv2.Swinv2SelfAttention):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        batch_size, dim, _ = hidden_states.shape
+        d = self.attention_head_size
+        q, k, v = (_heads(p(hidden_states), d) for p in (self.query, self.key, self.value))
+        scores = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+        scores = scores * torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
+        table = self.continuous_position_bias_mlp(self.relative_coords_table).view(-1, self.num_attention_heads)
+        bias = table[self.relative_position_index.view(-1)].view(dim, dim, -1).permute(2, 0, 1)
+        scores = scores + 16 * torch.sigmoid(bias).unsqueeze(0)
+        keep = torch.ones(1, dtype=torch.bool)
+        if attention_mask is not None:
+            windows = attention_mask.shape[0]
+            keep = (attention_mask == 0).unsqueeze(1).unsqueeze(0).expand(batch_size // windows, -1, -1, -1, -1)
+            keep = keep.reshape(-1, 1, dim, dim)
+        return (_merge(phi(scores, keep) @ v.double()),)
+
+
+class RefGPTNeoAttention(gpt_neo.GPTNeoSelfAttention):
+    def _attn(self, query, key, value, attention_mask=None):
+        scores = query.double() @ key.double().transpose(-1, -2)  # no 1/sqrt(d), as GPT-Neo
+        nq, nk = query.size(-2), key.size(-2)
+        keep = self.bias[:, :, nk - nq : nk, :nk]
+        if attention_mask is not None:
+            keep = keep & _kept(attention_mask)
+        return (phi(scores, keep) @ value.double()).to(value.dtype), None
+
+
+def relative(alibi, num_queries):
+    """ALiBi in its relative form: ``slope * (position_j - position_i)`` from HF's ``slope * position_j``
+    ``(B, H, 1, K)``: query i is key ``i + K - Q``."""
+    per_key = alibi[:, :, 0, :]
+    return per_key[:, :, None, :] - per_key[:, :, -num_queries:, None]
+
+
+class RefFalconAttention(falcon.FalconAttention):
+    def forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
+                output_attentions=False, position_embeddings=None, **kwargs):
+        heads, d = self.num_heads, self.head_dim
+        kv_heads = heads if self.new_decoder_architecture else self.num_kv_heads
+        q, k, v = self._split_heads(self.query_key_value(hidden_states))
+        batch, length = q.shape[:2]
+        q = q.transpose(1, 2).reshape(batch, heads, length, d)
+        k, v = (x.transpose(1, 2).reshape(batch, kv_heads, length, d) for x in (k, v))
+        if alibi is None:
+            q, k = falcon.apply_rotary_pos_emb(q, k, *position_embeddings)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        if alibi is not None:
+            scores = scores + relative(alibi.view(batch, heads, 1, -1), length) / math.sqrt(d)
+        keep = attention_mask > torch.finfo(attention_mask.dtype).min if attention_mask.is_floating_point() \
+            else attention_mask
+        out = phi(scores, keep) @ v.double()
+        return self.dense(_merge(out)), None
+
+
+class RefBloomAttention(bloom.BloomAttention):
+    def forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None, use_cache=False,
+                output_attentions=False, **kwargs):
+        batch, length, _ = hidden_states.shape
+        q, k, v = self._reshape(self.query_key_value(hidden_states))
+        scores = q @ k.transpose(-1, -2) * self.inv_norm_factor
+        scores = scores + relative(alibi.view(batch, self.num_heads, 1, -1), length)
+        out = phi(scores, _kept(attention_mask)) @ v.double()
+        return bloom.dropout_add(self.dense(_merge(out)), residual, self.hidden_dropout, self.training), None
+
+
+class RefMultiheadAttention(nn.MultiheadAttention):
+    """``F.multi_head_attention_forward``'s steps (packed projection, batch_first) with :func:`phi`."""
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        w, b = self.in_proj_weight.chunk(3), self.in_proj_bias.chunk(3)
+        q, k, v = (_heads(F.linear(x, wi, bi), self.head_dim) for x, wi, bi in zip((query, key, value), w, b))
+        keep = torch.ones(1, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        out = phi(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim), keep) @ v.double()
+        return self.out_proj(_merge(out)), None
+
+
+#: HF class -> its reference subclass, for the families the interface does not reach (and Swin).
+SWAPS = {
+    swin.SwinAttention: RefSwinAttention,
+    deberta.DisentangledSelfAttention: RefDebertaAttention,
+    deberta_v2.DisentangledSelfAttention: RefDebertaV2Attention,
+    mpnet.MPNetSelfAttention: RefMPNetAttention,
+    roformer.RoFormerSelfAttention: RefRoFormerAttention,
+    megatron.MegatronBertSelfAttention: RefMegatronBertAttention,
+    rembert.RemBertSelfAttention: RefRemBertAttention,
+    tapas.TapasSelfAttention: RefTapasAttention,
+    visual_bert.VisualBertSelfAttention: RefVisualBertAttention,
+    d2v.Data2VecVisionSdpaSelfAttention: RefData2VecVisionAttention,
+    d2v.Data2VecVisionSelfAttention: RefData2VecVisionAttention,
+    swinv2.Swinv2SelfAttention: RefSwinv2Attention,
+    gpt_neo.GPTNeoSelfAttention: RefGPTNeoAttention,
+    falcon.FalconAttention: RefFalconAttention,
+    bloom.BloomAttention: RefBloomAttention,
+    nn.MultiheadAttention: RefMultiheadAttention,
+}
+
+
+def reference_twin(model):
+    """A copy of ``model`` (same weights) attending through the references: swapped classes where HF computes
+    attention itself, the registered reference function everywhere else."""
+    twin = copy.deepcopy(model)
+    if type(twin)._can_set_attn_implementation():
+        twin.set_attn_implementation(REFERENCE if type(twin)._supports_sdpa else REFERENCE_EAGER_MASKS)
+    for module in twin.modules():
+        if type(module) in SWAPS:
+            module.__class__ = SWAPS[type(module)]
+    return twin
