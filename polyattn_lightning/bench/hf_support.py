@@ -14,7 +14,6 @@ softmax replaced by ``phi(S) / sqrt(N)``) by the tests, not here.
 from __future__ import annotations
 
 import copy
-import logging
 import re
 import sys
 from collections import Counter
@@ -29,6 +28,7 @@ from ..attention.switch.base import attention_modules
 from ..attention.switch.hf import probe_inputs
 from ..attention.switch.hf.families import adapter_for
 from ..errors import ConfigError
+from . import quiet_loggers
 from .readme_table import Markers, table_command
 
 #: A small text model: 2 layers of width 32, 4 heads (grouped-query models: 2 key/value heads).
@@ -208,9 +208,9 @@ def model_class(fam: Family) -> type:
 def build(fam: Family, seed: int = 0) -> nn.Module:
     """The family's tiny model in eval mode, its position tables (and sinks) drawn from N(0, 1)."""
     cls = model_class(fam)
-    logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
     torch.manual_seed(seed)
-    model = cls(cls.config_class(**copy.deepcopy(fam.config))).eval()
+    with quiet_loggers("transformers"):  # tiny configs draw warnings about token ids
+        model = cls(cls.config_class(**copy.deepcopy(fam.config))).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

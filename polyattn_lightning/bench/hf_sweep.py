@@ -13,7 +13,6 @@ breadth check of "every architecture switches correctly or is refused with one l
 from __future__ import annotations
 
 import copy
-import logging
 import signal
 import sys
 from collections import Counter
@@ -24,6 +23,7 @@ import transformers
 from ..attention.switch import set_attention
 from ..attention.switch.hf import probe_inputs
 from ..errors import ConfigError
+from . import quiet_loggers
 from .hf_support import SOFTMAX_PARITY, run
 
 #: Config attributes set wherever a config has them: 2 layers of width 32, 4 heads, a 64-token vocabulary.
@@ -116,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     argv = sys.argv[1:] if argv is None else argv
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    logging.getLogger("polyattn_lightning").setLevel(logging.ERROR)
+    with quiet_loggers("transformers", "polyattn_lightning"):
+        counts = _sweep(MODEL_MAPPING_NAMES, argv)
+    print(", ".join(f"{kind} {counts[kind]}" for kind in ("switched", "refused", "wrong", "crash", "skipped")))
+    return 1 if counts["crash"] or counts["wrong"] else 0
+
+
+def _sweep(mapping: dict, argv: list[str]) -> Counter[str]:
+    """One line per model type of ``mapping`` (only those in ``argv`` if any); the verdicts counted."""
     signal.signal(signal.SIGALRM, _alarm)
     counts: Counter[str] = Counter()
-    for model_type, class_name in sorted(MODEL_MAPPING_NAMES.items()):
+    for model_type, class_name in sorted(mapping.items()):
         if argv and model_type not in argv:
             continue
         class_name = class_name[0] if isinstance(class_name, (list, tuple)) else class_name
@@ -133,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.alarm(0)
         counts[kind] += 1
         print(f"{model_type:28s} {kind:8s} {detail}", flush=True)
-    print(", ".join(f"{kind} {counts[kind]}" for kind in ("switched", "refused", "wrong", "crash", "skipped")))
-    return 1 if counts["crash"] or counts["wrong"] else 0
+    return counts
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ tables use it."""
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import quiet_loggers
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ def table_command(
     parser.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table differs")
     parser.add_argument("names", nargs="*", help=subset_help)
     args = parser.parse_args(argv)
-    logging.getLogger("polyattn_lightning").setLevel(logging.ERROR)  # the table says it all
-    measured = measure(args.names)
+    with quiet_loggers("polyattn_lightning"):  # the table says it all
+        measured = measure(args.names)
     if args.write:
         args.write.write_text(markers.replace(args.write.read_text(), measured))
     elif args.check:
