@@ -73,3 +73,19 @@ def tiny_imagenet(tmp_path: Path) -> Path:
             annotations.append(f"{name}\t{wnid}\t0\t0\t63\t63")
     (root / "val" / "val_annotations.txt").write_text("\n".join(annotations) + "\n")
     return root
+
+
+@pytest.fixture(autouse=True)
+def logging_left_as_found():
+    """A test (or the code it calls in-process) must leave every logger's level as it found it: a command that
+    silenced Lightning or transformers for the rest of the process made later tests miss the lines they check."""
+    import logging
+
+    def levels() -> dict[str, int]:
+        return {name: logger.level for name, logger in logging.root.manager.loggerDict.items()
+                if isinstance(logger, logging.Logger)}
+
+    before = levels()
+    yield
+    changed = {name: (level, before[name]) for name, level in levels().items() if name in before and before[name] != level}
+    assert not changed, f"logger levels changed and not restored (now, before): {changed}"

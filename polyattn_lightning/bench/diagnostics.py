@@ -31,7 +31,7 @@ from ..diagnostics.figures import attention_pictures
 from ..callbacks.attention_norms import AttentionNorms
 from ..diagnostics.probe import probe_batch
 from ..cli import make_cli
-from . import CONFIGS
+from . import CONFIGS, quiet_loggers
 from .timing import machine, write_report
 
 QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
@@ -92,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs with and without (median reported)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    with quiet_loggers("lightning.pytorch", level=logging.WARNING), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return _measure(args)
 
+
+def _measure(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {"without": [], "with": []}
     hook_seconds: list[list[float]] = []

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from ..attention import describe, get_activation
 from ..cli import make_cli
 from ..errors import ConfigError, MissingPathError
+from ..logs import quiet_loggers
 
 #: Trainer settings of every sweep run: train ``--steps`` steps, validate once at the end, write nothing.
 QUIET = {
@@ -140,8 +141,12 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
         raise MissingPathError(f"--config {args.config} does not exist")
     if min(args.scales) <= 0 or args.steps < 1:
         raise ConfigError(f"--scales must be > 0 (log axis) and --steps >= 1; got {args.scales} and {args.steps}")
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # one line per run instead of Lightning's banners
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # we pass args on purpose
+    with quiet_loggers("lightning.pytorch", level=logging.WARNING), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # we pass args on purpose
+        return _sweep(args, extra)  # one line per run instead of Lightning's banners
+
+
+def _sweep(args: argparse.Namespace, extra: list[str]) -> tuple[Path, Path]:
     spec, img_size, kwargs = base_settings(args.config, extra)
     img_size = args.img_size or img_size
     patches = {length: patch_size(length, img_size) for length in args.lengths}  # check all before training
