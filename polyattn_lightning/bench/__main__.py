@@ -9,6 +9,7 @@ BENCHMARKS = {
     "attention": "attention",
     "detection": "detection",
     "diagnostics": "diagnostics",
+    "fsdp": "fsdp",
     "hf": "hf",
     "lra": "lra",
     "timm": "timm_models",

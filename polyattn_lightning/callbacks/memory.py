@@ -24,7 +24,7 @@ from ..distributed import gather_objects
 from ..errors import ConfigError
 from ..rng import capture_rng_state, restore_rng_state
 from ..sharding import shardable_blocks, sharded_strategy
-from ..sharding.memory import GIB, estimate, held_bytes, peak_bytes, saved_bytes_of, states_per_element
+from ..sharding.memory import estimate, held_bytes, human, peak_bytes, saved_bytes_of, states_per_element
 
 
 class MemoryReport(Callback):
@@ -63,9 +63,9 @@ class MemoryReport(Callback):
         self.say(
             f"memory per rank after {trainer.global_step} steps: "
             + "; ".join(
-                f"rank {rank} holds {(h['parameters'] + h['gradients'] + h['optimizer']) / GIB:.2f} GiB (parameters "
-                f"{h['parameters'] / GIB:.2f}, gradients {h['gradients'] / GIB:.2f}, optimizer "
-                f"{h['optimizer'] / GIB:.2f}), {peak} {h['peak'] / GIB:.2f} GiB"
+                f"rank {rank} holds {human(h['parameters'] + h['gradients'] + h['optimizer'])} (parameters "
+                f"{human(h['parameters'])}, gradients {human(h['gradients'])}, optimizer {human(h['optimizer'])}), "
+                f"{peak} {human(h['peak'])}"
                 for rank, h in enumerate(ranks)
             )
         )

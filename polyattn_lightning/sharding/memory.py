@@ -29,6 +29,14 @@ import torch
 from torch import Tensor, nn
 
 GIB = 2**30
+
+
+def human(size: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at or above 1: ``1.23 GiB``, ``45.6 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size:.0f} B"
 #: Optimizer state tensors per parameter element, by optimizer class name.
 STATES_PER_ELEMENT = {"AdamW": 2, "Adam": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "RMSprop": 1, "Adagrad": 1}
 
@@ -59,11 +67,11 @@ class MemoryEstimate:
         return self.parameters + self.gradients + (self.optimizer or 0.0) + self.activations + self.gathered
 
     def line(self) -> str:
-        optimizer = "?" if self.optimizer is None else f"{self.optimizer / GIB:.2f}"
-        gathered = f" + gathered block {self.gathered / GIB:.2f}" if self.gathered else ""
+        optimizer = "?" if self.optimizer is None else human(self.optimizer)
+        gathered = f" + gathered block {human(self.gathered)}" if self.gathered else ""
         return (
-            f"{self.layout} {self.total / GIB:.2f} GiB = parameters {self.parameters / GIB:.2f} + gradients "
-            f"{self.gradients / GIB:.2f} + optimizer {optimizer} + activations {self.activations / GIB:.2f}{gathered}"
+            f"{self.layout} {human(self.total)} = parameters {human(self.parameters)} + gradients "
+            f"{human(self.gradients)} + optimizer {optimizer} + activations {human(self.activations)}{gathered}"
         )
 
 
@@ -106,12 +114,12 @@ def estimate(
         element = next((p.element_size() for p in module.parameters()), 4)
         gathered = gathered * torch.empty((), dtype=gathered_dtype).element_size() / element
     sharded = MemoryEstimate(
-        f"FSDP2 over {world} ranks",
+        f"FSDP2 over {world} rank{'s' if world > 1 else ''}",
         total_shard,
         trainable_shard,
         None if states is None else states * trainable_shard,
         activations,
-        2 * gathered,  # its parameters and its gradients while one block runs its backward
+        2 * gathered if world > 1 else 0,  # its parameters and gradients while one block runs its backward
     )
     return ddp, sharded
 
