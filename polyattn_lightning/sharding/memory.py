@@ -37,6 +37,8 @@ def human(size: float) -> str:
         if abs(size) >= scale:
             return f"{size / scale:.3g} {unit}"
     return f"{size:.0f} B"
+
+
 #: Optimizer state tensors per parameter element, by optimizer class name.
 STATES_PER_ELEMENT = {"AdamW": 2, "Adam": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "RMSprop": 1, "Adagrad": 1}
 

@@ -97,6 +97,9 @@ class ShardedStrategy(ModelParallelStrategy):
         self.activation_checkpointing = activation_checkpointing
         self.reshard_after_forward = reshard_after_forward
         self.meta_init = meta_init
+        #: what :meth:`shard` found and did: the blocks (FSDP2 units), and whether the model came from the meta device
+        self.blocks: list[nn.Module] = []
+        self.built_on_meta = False
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":
@@ -153,7 +156,7 @@ class ShardedStrategy(ModelParallelStrategy):
         )
         if meta:
             materialize(root, self.root_device, init)
-        self.blocks = blocks
+        self.blocks, self.built_on_meta = blocks, meta
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
 

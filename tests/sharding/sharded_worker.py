@@ -6,7 +6,7 @@
 Rank 0 writes to OUT_DIR (``torch.save`` of plain values):
 
 * ``{decoder,vit}_{poly3,softmax}_{ddp,fsdp}.pt``: the whole weights after ``STEPS`` steps from the same initial
-  state dict (ViT runs: at step 2 rank 1's images are NaN and the NaN guard skips the step on both ranks; the
+  state dict and what each rank held (parameters, gradients, optimizer states) (ViT runs: at step 2 rank 1's images are NaN and the NaN guard skips the step on both ranks; the
   sharded ViT poly3 run logs attention norms every 2 steps, which must leave its weights as DDP's).
 * ``decoder_ckpt/at2.ckpt/``: the sharded decoder poly3 run's checkpoint folder at step 2 (mid-epoch), and
   ``decoder_resumed.pt``: that run resumed from it on 2 ranks (bit for bit the uninterrupted one).
@@ -35,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from training_helpers import cpu_trainer
 
 from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, SlurmPreemption
-from polyattn_lightning.distributed import distributed_teardown
+from polyattn_lightning.distributed import distributed_teardown, gather_objects
+from polyattn_lightning.sharding.memory import held_bytes
 
 
 def equivalence(init: Path, out: Path, rank: int) -> None:
@@ -53,8 +54,9 @@ def equivalence(init: Path, out: Path, rank: int) -> None:
                     callbacks += [ModelCheckpoint(out / "decoder_ckpt", "at{step}", **every2), ExactResume()]
                     callbacks.append(memory := MemoryReport(after_steps=2))
                     options["enable_checkpointing"] = True
-                _, model = fit(kind, attention, layout, 2, init / f"{kind}_init.pt", STEPS, callbacks, **options)
-                result = {"weights": weights(model)}
+                trainer, model = fit(kind, attention, layout, 2, init / f"{kind}_init.pt", STEPS, callbacks, **options)
+                held = gather_objects(held_bytes(model, trainer.optimizers))
+                result = {"weights": weights(model), "held": held}
                 if "logger" in options:
                     result["norm_steps"] = sorted({s for k, v in logger.history.items() if "norm" in k for s in v})
                 if rank == 0:
@@ -72,7 +74,9 @@ def resume_from_folder(init: Path, out: Path, rank: int) -> None:
 
 
 def meta_built(out: Path, rank: int) -> None:
-    result = weights(meta_build(2))
+    model = meta_build(2)
+    assert model.trainer.strategy.built_on_meta
+    result = weights(model)
     if rank == 0:
         torch.save(result, out / "meta_init.pt")
 

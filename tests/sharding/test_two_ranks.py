@@ -98,6 +98,15 @@ def test_fsdp_trains_like_ddp_and_like_one_process(launch, tmp_path, kind, atten
     assert_close_weights(fsdp, single_process(kind, attention, init, tmp_path))
 
 
+@pytest.mark.parametrize("kind", ["decoder", "vit"])
+def test_each_rank_holds_half_the_parameters_and_optimizer_states(launch, kind):
+    _, out = launch
+    ddp, fsdp = (load(out, f"{kind}_poly3_{layout}.pt")["held"] for layout in ("ddp", "fsdp"))
+    for part in ("parameters", "optimizer"):
+        assert all(h[part] == ddp[0][part] for h in ddp)  # every DDP rank holds the whole
+        assert all(h[part] <= 0.6 * ddp[0][part] for h in fsdp), (part, ddp, fsdp)  # half, padded shards
+
+
 def test_attention_norms_are_probed_on_a_sharded_model(launch):
     _, out = launch
     assert load(out, "vit_poly3_fsdp.pt")["norm_steps"] == [0, 2]
