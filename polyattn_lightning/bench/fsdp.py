@@ -35,7 +35,7 @@ from ..checkpoint import SafeCheckpointIO, atomic_save
 from ..data.resumable import ResumableDataLoader
 from ..distributed import distributed_teardown, gather_objects
 from ..sharding import ShardedStrategy, full_state_dict, read_consolidated
-from ..sharding.memory import held_bytes
+from ..sharding.memory import held_bytes, human
 from ..tasks import HFCausalLM, OptimRecipe
 from .timing import machine, write_report
 
@@ -213,19 +213,22 @@ def verdicts(result: dict) -> dict[str, bool]:
 
 
 def table(result: dict, steps: int, save_at: int) -> str:
-    gib = 2**30
     per_rank = result["params_plus_optimizer_per_rank"]
     d = result["max_difference"]
     rows = [
         ("parameters", f"{result['parameters'] / 1e6:.1f}M", ""),
-        ("params + AdamW moments per rank, DDP", f"{per_rank['ddp'] / gib:.3f} GiB", ""),
+        ("params + AdamW moments per rank, DDP", human(per_rank["ddp"]), ""),
         (
             "params + AdamW moments per rank, FSDP2",
-            f"{per_rank['fsdp'] / gib:.3f} GiB",
+            human(per_rank["fsdp"]),
             f"{result['memory_ratio']:.3f}x DDP (target <= {TARGETS['memory_ratio']})",
         ),
-        (f"max |w| difference after {steps} steps, FSDP2 vs DDP", f"{d['fsdp_vs_ddp']:.2e}", "target <= 1e-5"),
-        (f"max |w| difference after {steps} steps, FSDP2 vs 1 process", f"{d['fsdp_vs_single']:.2e}", "target <= 1e-5"),
+        (f"largest weight difference after {steps} steps, FSDP2 vs DDP", f"{d['fsdp_vs_ddp']:.2e}", "target <= 1e-5"),
+        (
+            f"largest weight difference after {steps} steps, FSDP2 vs 1 process",
+            f"{d['fsdp_vs_single']:.2e}",
+            "target <= 1e-5",
+        ),
         (
             f"resumed at step {save_at} on 2 ranks vs uninterrupted",
             "bit for bit" if result["resumed_2_ranks_bitwise"] else "DIFFERS",

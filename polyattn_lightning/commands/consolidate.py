@@ -12,15 +12,12 @@ run in one process, without a process group, and read the folder without running
 from __future__ import annotations
 
 import argparse
-import io
 from pathlib import Path
-
-import torch
 
 from ..checkpoint import atomic_save
 from ..errors import ConfigError
 from ..sharding import read_consolidated
-from ..sharding.checkpoints import TASK_KEY, check_sharded_folder, read_meta
+from ..sharding.checkpoints import TASK_KEY, check_sharded_folder, in_memory_file, read_meta
 from .maps import module_class
 
 
@@ -45,10 +42,7 @@ def export_pretrained(folder: Path, out: Path, class_name: str | None) -> Path:
     cls = module_class(name)
     if not callable(getattr(cls, "export", None)):
         raise ConfigError(f"--pretrained: {cls.__name__} has no save_pretrained export (Hugging Face tasks have one)")
-    buffer = io.BytesIO()
-    torch.save(read_consolidated(folder), buffer)
-    buffer.seek(0)
-    module = cls.load_from_checkpoint(buffer, map_location="cpu", weights_only=True)
+    module = cls.load_from_checkpoint(in_memory_file(read_consolidated(folder)), map_location="cpu", weights_only=True)
     return module.export(out)
 
 

@@ -187,6 +187,14 @@ def read_consolidated(path: str | os.PathLike) -> dict[str, Any]:
     return checkpoint
 
 
+def in_memory_file(checkpoint: dict[str, Any]) -> io.BytesIO:
+    """``checkpoint`` as a file in memory, for what reads only files (``LightningModule.load_from_checkpoint``)."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 # ---- optimizer states: by parameter name (DCP) and by index (torch.optim) -----------------------------------
 
 

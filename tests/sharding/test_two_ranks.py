@@ -171,3 +171,19 @@ def test_memory_is_said_before_training_and_after_the_first_steps(launch):
     assert fsdp["parameters"] == pytest.approx(ddp["parameters"] / 2, rel=0.05)  # half, padded shards
     assert fsdp["activations"] == ddp["activations"] > 0
     assert re.search(r"after 2 steps: rank 0 holds .*; rank 1 holds ", measured), measured
+
+
+def test_attention_maps_of_a_sharded_checkpoint_folder(launch, tmp_path):
+    """``polyattn maps`` reads a sharded folder (consolidated in memory): the diagnostics on a trained sharded run."""
+    import numpy as np
+    from PIL import Image
+
+    from polyattn_lightning.commands import maps
+
+    _, out = launch
+    image = tmp_path / "digit.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(image)
+    written = maps.main(["--ckpt", str(out / "preempted" / "hpc_ckpt_1.ckpt"), "--image", str(image),
+                         "--out", str(tmp_path / "maps"), "--img-size", "8"])
+    assert sorted(path.name for path in written) == ["heatmaps.png", "overlay.png"]
+    assert all(path.stat().st_size > 1000 for path in written)
