@@ -4,7 +4,8 @@
 Asserted: the weights after 4 steps equal DDP's and one process's (1e-5, fp32) for the tiny Llama and the tiny ViT,
 poly3 and softmax, with the NaN guard skipping a step whose loss is NaN on one rank only (ViT) and attention norms
 probed every 2 steps on every rank (their forward leaves training as it was); a sharded checkpoint written mid-epoch
-resumes on 2 ranks bit for bit and, consolidated to one file, on one process within 1e-5; the decoder built on the
+resumes on 2 ranks bit for bit, sharded on 1 rank (DCP reshards) and, consolidated to one file, on one process
+within 1e-5; the decoder built on the
 meta device is the same on 2 ranks as on 1 and has its own init; a preempted sharded job (SIGUSR1 on one rank
 mid-step) requeues and continues bit for bit (weights, optimizer, lr schedule, every rank's RNG, batches, losses),
 as the DDP path does; the memory lines are said, and FSDP2's estimate is about half DDP's.
@@ -129,6 +130,15 @@ def test_consolidated_checkpoint_resumes_on_one_process(launch, tmp_path):
     with pytest.warns(UserWarning, match="RNG states for 2 ranks"):
         _, model = fit("decoder", "poly3", "single", 1, init / "decoder_init.pt", STEPS, (ExactResume(),),
                        str(file), default_root_dir=tmp_path)
+    assert_close_weights(weights(model), load(out, "decoder_poly3_fsdp.pt")["weights"])
+
+
+def test_sharded_checkpoint_of_two_ranks_resumes_sharded_on_one(launch, tmp_path, one_rank):
+    """DCP reshards: the 2-rank folder loads into a 1-rank sharded run, which ends where the 2-rank run ended."""
+    init, out = launch
+    with pytest.warns(UserWarning, match="RNG states for 2 ranks"):
+        _, model = fit("decoder", "poly3", "fsdp", 1, init / "decoder_init.pt", STEPS, (ExactResume(),),
+                       str(out / "decoder_ckpt" / "at2.ckpt"), default_root_dir=tmp_path)
     assert_close_weights(weights(model), load(out, "decoder_poly3_fsdp.pt")["weights"])
 
 
