@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +37,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from ..checkpoint import load_checkpoint as load_checkpoint_file
 from ..errors import ConfigError
 from . import checkpoints
 from .init import hf_initializer, materialize, on_meta
@@ -175,13 +177,11 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """A sharded folder or a one-file checkpoint, read the safe way (``weights_only`` unless it is False)."""
-        from ..checkpoint import load_checkpoint
-
         path = Path(self.broadcast(str(checkpoint_path)))
         strict = self.lightning_module.strict_loading if self.lightning_module is not None else True
         if path.is_dir():
             return checkpoints.load_sharded(checkpoints.check_sharded_folder(path), self.model, self.optimizers, strict)
-        checkpoint = load_checkpoint(path, weights_only=weights_only is not False)
+        checkpoint = load_checkpoint_file(path, weights_only=weights_only is not False)
         checkpoints.load_full(checkpoint, self.model, self.optimizers, strict)
         return checkpoint
 
@@ -190,8 +190,6 @@ class ShardedStrategy(ModelParallelStrategy):
         if self.is_global_zero:
             path = Path(filepath)
             if path.is_dir():
-                import shutil
-
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)

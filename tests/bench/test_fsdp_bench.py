@@ -22,4 +22,7 @@ def test_fsdp_bench_meets_its_targets_at_the_tiny_size(tmp_path, capsys):
     per_rank = report["held_bytes"]
     assert len(per_rank["ddp"]) == len(per_rank["fsdp"]) == 2
     assert "| params + AdamW moments per rank, FSDP2 |" in printed and "MET  resumed on 2 ranks bit for bit" in printed
+    differences = report["differences"]
+    assert differences["fsdp_vs_ddp"]["largest"] <= 1e-5 and differences["control_halves_vs_single"]["largest"] > 0
+    assert 0 < differences["fsdp_vs_single"]["relative_to_update"] < 1e-4
     assert "load_average_before" in report["machine"] and report["command"].startswith("python -m")

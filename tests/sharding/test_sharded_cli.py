@@ -56,7 +56,8 @@ ARGS = ["--trainer", str(HF_FSDP), "--trainer.accelerator", "cpu", "--trainer.de
 def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypatch, one_rank):
     monkeypatch.chdir(tmp_path)
     data = ["--data.root", str(tmp_path / "stories")]
-    run = fit("--config", str(LLAMA), *ARGS, *data, "--trainer.max_steps", "2")
+    run = fit("--config", str(LLAMA), *ARGS, *data, "--trainer.max_steps", "2", "--model.init_args.export_dir",
+              str(tmp_path / "exported_by_fit"))  # every rank joins the gather, rank 0 writes
     strategy = run.trainer.strategy
     assert isinstance(strategy, ShardedStrategy) and strategy.built_on_meta  # no rank held the model whole
     [memory] = [c for c in run.trainer.callbacks if isinstance(c, MemoryReport)]
@@ -82,8 +83,11 @@ def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypa
     with torch.no_grad():
         trained = task.model(input_ids=ids).logits
         switched = load_pretrained(exported, _causal_lm()).eval()(input_ids=ids).logits
+        by_fit = load_pretrained(tmp_path / "exported_by_fit", _causal_lm()).eval()(input_ids=ids).logits
     torch.testing.assert_close(switched, trained, rtol=1e-5, atol=1e-5)  # the trained activation, same outputs
-    assert json.loads((exported / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    torch.testing.assert_close(by_fit, trained, rtol=1e-5, atol=1e-5)  # export_dir of the sharded run: the same
+    for folder in (exported, tmp_path / "exported_by_fit"):  # not FSDP2's FSDPLlamaForCausalLM
+        assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     probe = ("import sys, torch; from transformers import AutoModelForCausalLM; "
              "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
              "assert not any(name.startswith('polyattn') for name in sys.modules), 'imported the project'; "
