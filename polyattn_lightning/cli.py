@@ -35,6 +35,8 @@ from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, merge_callbac
 from .checkpoint import CheckpointLoadError, load_checkpoint
 from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
 from .distributed import distributed_teardown
+from .sharding import ShardedStrategy, build_later, is_sharded_checkpoint
+from .sharding.checkpoints import META_FILE, check_sharded_folder
 
 #: Whether ``rich`` is installed: Lightning's default progress bar is then its RichProgressBar.
 RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
@@ -476,8 +478,10 @@ class PolyattnCLI(LightningCLI):
         if not ckpt_path:
             return super()._parse_ckpt_path()
         if ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt_path):
+            if Path(ckpt_path).is_dir():
+                return self._parse_sharded_ckpt_path(subcommand, check_sharded_folder(ckpt_path))
             if not Path(ckpt_path).is_file():
-                raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+                raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file or sharded folder")
         before = init_args(self.config[subcommand].model)
         if Path(ckpt_path).is_file() and not is_lightning_checkpoint(ckpt_path):
             raise CheckpointLoadError(
@@ -507,6 +511,14 @@ class PolyattnCLI(LightningCLI):
                 raise err from err.__cause__  # without the bare torch.load traceback as context
             raise
 
+    def _parse_sharded_ckpt_path(self, subcommand: str, folder: Path) -> None:
+        """A sharded checkpoint folder's hyperparameters come from its ``meta.pt`` (read the safe way, as a file)."""
+        self.config[subcommand].ckpt_path = str(folder / META_FILE)
+        try:
+            super()._parse_ckpt_path()  # LightningCLI's: torch.load(weights_only=True) of a file
+        finally:
+            self.config[subcommand].ckpt_path = str(folder)
+
     def before_instantiate_classes(self) -> None:
         """Log to ``runs/<task family>/<config name>/version_N`` unless the logger was given a name (``<config
         name>_<activation>`` when ``--model.attention`` gives another activation than the config's; the family is
@@ -533,7 +545,9 @@ class PolyattnCLI(LightningCLI):
             and config.get("ckpt_path")
             and hasattr(logger, "init_args")
         ):
-            if "://" not in str(config.ckpt_path) and Path(config.ckpt_path).is_file():
+            if "://" not in str(config.ckpt_path) and (
+                Path(config.ckpt_path).is_file() or is_sharded_checkpoint(config.ckpt_path)
+            ):
                 save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
                 logger.init_args.save_dir, logger.init_args.name, logger.init_args.version = str(save_dir), "", version
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
@@ -543,8 +557,13 @@ class PolyattnCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """Also tell the model which checkpoint's saved hyperparameters built it (``hparams_checkpoint``), so its
-        errors can name that checkpoint rather than the config the values no longer come from."""
-        super().instantiate_classes()
+        errors can name that checkpoint rather than the config the values no longer come from. Under the sharded
+        strategy the model is built later, in ``configure_model`` (:func:`~.sharding.build_later`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        strategy = class_from_path(getattr(config.trainer.get("strategy"), "class_path", None))
+        sharded = isinstance(strategy, type) and issubclass(strategy, ShardedStrategy)
+        with build_later() if sharded else contextlib.nullcontext():
+            super().instantiate_classes()
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
         if ckpt_path and self.model is not None:
             self.model.hparams_checkpoint = ckpt_path
@@ -615,6 +634,7 @@ COMMANDS = {
     "norms": "draw the attention norms that runs logged against the training step",
     "sweep": "validation accuracy against the activation's scale, per sequence length (short fits)",
     "check-data": "decode every image file of a config's data set once and list every bad file",
+    "consolidate": "a sharded checkpoint folder as one checkpoint file, or as a save_pretrained folder",
 }
 
 

@@ -28,15 +28,21 @@ along):
    ``POLYATTN_TRITON_GRID``). The Triton self-check is off here
    (``POLYATTN_TRITON_SELFCHECK=0``): the ``tests`` part checks the values.
 
+5. ``decoder``: the sharding issue's GPU goal: a full fine-tune of a TinyLlama-1.1B-shaped decoder (random init,
+   vocabulary 32000, batch 4 x 1024 tokens) on this one GPU through the project's sharding path (built on the meta
+   device, ``fully_shard`` per decoder layer over a 1-GPU mesh, HF's own init once sharded, fp32 master shards with
+   bf16 compute, AdamW), x^3 (``poly3``) against softmax (SDPA), steps interleaved: median step time (target
+   poly3 <= 1.11x softmax), peak memory, the loss of both. At most 5 minutes (``LIMITS``).
+
 Cold compiles: some 150 Triton compiles of 0.5-6 s each happen on first use, so
 each part's limit (``LIMITS``) leaves room for them; every timed case runs once
 untimed first (the warm-up that compiles it).
 
 Writes ``OUTDIR/gpu_check.json`` (machine, versions, every part's status and
 numbers), ``OUTDIR/summary.txt`` (short text), ``OUTDIR/bench.json``,
-``OUTDIR/tests.log``, ``OUTDIR/vit.json`` and ``OUTDIR/timing.json``.
-``--dry-run`` runs the timing cases on CPU at a tiny shape (no GPU needed;
-what the test suite checks).
+``OUTDIR/tests.log``, ``OUTDIR/vit.json``, ``OUTDIR/timing.json`` and ``OUTDIR/decoder.json``.
+``--dry-run`` runs the timing cases and the decoder steps on CPU at tiny shapes
+(no GPU needed; what the test suite checks).
 
 Exit status: 0 every part that could run passed; 1 a part failed or timed out;
 2 no CUDA GPU is visible (nothing was checked); 3 bad usage.
@@ -56,10 +62,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "bench", "vit", "timing")
+PARTS = ("tests", "bench", "vit", "timing", "decoder")
 #: Seconds per part, cold Triton and inductor compiles included (they dominate: ~150 Triton compiles of
 #: 0.5-6 s in the tests alone).
-LIMITS = {"tests": 900, "bench": 300, "vit": 400, "timing": 600}
+LIMITS = {"tests": 900, "bench": 300, "vit": 400, "timing": 600, "decoder": 300}
+#: The decoder part's model (TinyLlama-1.1B's shape) and batch; the target of poly3's step time over softmax's.
+DECODER = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False)
+DECODER_BATCH, DECODER_TARGET = (4, 1024), 1.11
 TIMING_SHAPE = (8, 6, 4096, 64)
 BENCH_SHAPES = "32x6x197x64,8x6x1024x64,2x6x4096x64,1x6x16384x64"
 NO_GPU = 2
@@ -234,6 +244,88 @@ def part_timing(env: dict, out: Path) -> dict:
     return result
 
 
+def part_decoder(env: dict, out: Path) -> dict:
+    result = _run([sys.executable, str(Path(__file__).resolve()), "--decoder-step", str(out / "decoder.json")],
+                  LIMITS["decoder"])
+    if (out / "decoder.json").exists():
+        result["decoder"] = json.loads((out / "decoder.json").read_text())
+        if result["status"] == "passed" and not result["decoder"].get("met"):
+            result["status"] = "failed"  # the target missed
+    return result
+
+
+def decoder_steps(path: Path, device: str = "cuda", config: dict | None = None, batch: tuple[int, int] = DECODER_BATCH,
+                  steps: int = 10) -> None:
+    """Full fine-tuning steps of the decoder, softmax vs poly3, interleaved, through the sharding path on one device
+    (``fully_shard`` per layer over a 1-rank mesh, meta-device build and HF's init, bf16 compute on fp32 master shards
+    where the device has bf16); ``device``/``config``/``batch`` are parameters so that CPU can smoke-test it."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from polyattn_lightning.attention import set_attention
+    from polyattn_lightning.bench.timing import interleaved
+    from polyattn_lightning.sharding.init import hf_initializer, materialize
+    from polyattn_lightning.sharding.plan import apply_plan, require_blocks
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh(device, (1,))
+        bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                      reduce_dtype=torch.float32 if bf16 else None)
+        settings = {**DECODER, **(config or {})}
+        hf_config = AutoConfig.for_model("llama", **settings, max_position_embeddings=batch[1])
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, settings["vocab_size"], batch, generator=g).to(device)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        runs, losses = {}, {}
+        for activation in ("softmax", "poly3"):
+            torch.manual_seed(0)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+            apply_plan(model, require_blocks(model), mesh, policy)
+            materialize(model, torch.device(device), hf_initializer(model))
+            set_attention(model, activation)
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            losses[activation] = []
+
+            def step(_, model=model, optimizer=optimizer, activation=activation):
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                sync()
+                losses[activation].append(round(float(loss.detach()), 6))
+
+            runs[activation] = step
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = interleaved(runs, steps)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        ratio = medians["poly3"] / medians["softmax"]
+        parameters = sum(p.numel() for p in model.parameters())
+        report = {
+            "device": device, "parameters": parameters, "batch": list(batch), "bf16_compute": bf16,
+            "median_step_ms": {name: round(m * 1e3, 2) for name, m in medians.items()},
+            "poly3_vs_softmax": round(ratio, 3), "target": DECODER_TARGET, "met": ratio <= DECODER_TARGET,
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
+            "losses": losses,
+        }
+        path.write_text(json.dumps(report, indent=1))
+    finally:
+        dist.destroy_process_group()
+
+
 #: ``label -> (dtype, kernel, float32 matmul precision, dropout_p, POLYATTN_TRITON_TABLE, POLYATTN_TRITON_GRID)``.
 TIMING_CASES = {
     "bf16": ("bfloat16", "triton", "highest", 0.0, "tuned", "blocks"),
@@ -327,6 +419,12 @@ def summary_text(report: dict) -> str:
                              f"peak {run['peak_gib']} GiB, graph breaks {run['graph_breaks']}")
             else:
                 lines.append(f"    {run['run']}: {run['status']} ({run.get('reason')})")
+        decoder = part.get("decoder")
+        if decoder:
+            lines.append(f"    decoder {decoder['parameters'] / 1e9:.2f}B, batch {decoder['batch']}: "
+                         + ", ".join(f"{k} {v} ms/step" for k, v in decoder["median_step_ms"].items())
+                         + f"; poly3 {decoder['poly3_vs_softmax']}x softmax (target <= {decoder['target']}: "
+                         + f"{'MET' if decoder['met'] else 'MISS'}), peak {decoder['peak_gib']} GiB")
         for label, case in ((part.get("cases") or {}).get("cases") or {}).items():
             lines.append(f"    {label}: {case['median_ms']} ms fwd+bwd ({case['vs_bf16']}x bf16)"
                          + (f", host syncs: {len(case['host_syncs'])}" if "host_syncs" in case else ""))
@@ -339,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--vit-step", action="store_true", help=argparse.SUPPRESS)  # the vit part's subprocess
     parser.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)  # the timing part's subprocess
+    parser.add_argument("--decoder-step", action="store_true", help=argparse.SUPPRESS)  # the decoder part's
     parser.add_argument("--dry-run", action="store_true",
                         help="run the timing cases on CPU at a tiny shape into OUTDIR/timing.json (no GPU)")
     try:
@@ -351,12 +450,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.timing:
         timing_cases(args.outdir)
         return 0
+    if args.decoder_step:
+        decoder_steps(args.outdir)
+        return 0
     if args.dry_run:
         args.outdir.mkdir(parents=True, exist_ok=True)
         timing_cases(args.outdir / "timing.json", device="cpu", shape=(1, 2, 40, 16), repeats=1)
+        tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=64)
+        decoder_steps(args.outdir / "decoder.json", device="cpu", config=tiny, batch=(2, 16), steps=2)
         print(summary_text({"finished": "dry run", "verdict": "DRY RUN on CPU", "environment": environment(),
                             "parts": {"timing": {"status": "ran", "cases": json.loads(
-                                (args.outdir / "timing.json").read_text())}}}), end="")
+                                (args.outdir / "timing.json").read_text())},
+                                      "decoder": {"status": "ran", "decoder": json.loads(
+                                          (args.outdir / "decoder.json").read_text())}}}), end="")
         return 0
     parts = args.parts.split(",")
     if not set(parts) <= set(PARTS):
@@ -374,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if tuple(int(x) for x in env["torch"].split("+")[0].split(".")[:2]) < (2, 6):
             print(f"warning: torch {env['torch']} is older than the 2.6 the package needs", file=sys.stderr)
-        runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit, "timing": part_timing}
+        runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit, "timing": part_timing,
+                   "decoder": part_decoder}
         for name in parts:
             print(f"[gpu_check] {name} ...", flush=True)
             report["parts"][name] = runners[name](env, args.outdir)

@@ -24,7 +24,7 @@ LAYERS = (
     {"attention"},
     {"diagnostics", "models"},
     {"detection"},
-    {"data"},
+    {"data", "sharding"},
     {"callbacks", "tasks"},
     {"cli"},
     {"commands", "bench", "__main__"},

@@ -9,6 +9,7 @@ BENCHMARKS = {
     "attention": "attention",
     "detection": "detection",
     "diagnostics": "diagnostics",
+    "fsdp": "fsdp",
     "hf": "hf",
     "hf-support": "hf_support",
     "hf-sweep": "hf_sweep",

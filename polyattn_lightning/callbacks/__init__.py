@@ -5,6 +5,7 @@ name or full path (``--trainer.callbacks+=AttentionMaps``; jsonargparse finds an
 from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms
 from .ema import EMA
+from .memory import MemoryReport
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import SlurmPreemption
@@ -15,6 +16,7 @@ __all__ = [
     "AttentionMaps",
     "AttentionNorms",
     "EMA",
+    "MemoryReport",
     "ExactResume",
     "LastCheckpoint",
     "NonFiniteLossError",

@@ -14,7 +14,8 @@ from lightning.pytorch.utilities import move_data_to_device
 
 from .. import deprecated
 from ..diagnostics.figures import attention_pictures
-from ..diagnostics.probe import LayerRef, probe_batch
+from ..diagnostics.probe import LayerRef, follow_probe, probe_batch
+from ..sharding import sharded_strategy
 
 
 class AttentionMaps(Callback):
@@ -23,7 +24,8 @@ class AttentionMaps(Callback):
     The probe is the first ``probe_size`` samples of the first validation batch,
     taken once. PNGs go to ``<log dir>/attention_maps/step{global step}_{heatmaps,overlay}.png``
     and to TensorBoard (``add_figure``) when the run logs there; with other loggers
-    the files are the record. Only global rank zero draws and writes; no rank waits.
+    the files are the record. Only global rank zero draws and writes; no rank waits. Under the
+    sharded strategy every rank runs the probe forward (each block is gathered from all ranks).
     """
 
     def __init__(
@@ -62,15 +64,21 @@ class AttentionMaps(Callback):
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self._probe is None and trainer.is_global_zero and not trainer.sanity_checking:
+        if self._probe is None and self._probes(trainer) and not trainer.sanity_checking:
             self._probe = probe_batch(pl_module, batch, self.probe_size)
 
+    @staticmethod
+    def _probes(trainer: pl.Trainer) -> bool:
+        return trainer.is_global_zero or sharded_strategy(trainer) is not None
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero or self._probe is None:
+        if trainer.sanity_checking or not self._probes(trainer) or self._probe is None:
             return
         self._validations += 1
         if (self._validations - 1) % self.every_n_epochs:
             return
+        if not trainer.is_global_zero:
+            return follow_probe(pl_module, self._probe)
         step = trainer.global_step
         figures = attention_pictures(
             pl_module,

@@ -13,7 +13,9 @@ The probe pass leaves training as it would have been without it: it runs under
 ``training`` flag and the torch/numpy/python/CUDA RNG states are put back after
 it, and it only reads the model. Only global rank zero probes (loggers write on
 rank zero; the probe calls the bare module, never the DDP wrapper, so no rank
-waits on another).
+waits on another). Under the sharded strategy every rank runs the probe forward
+(each block is gathered from all ranks), on its own first samples; rank zero's
+is measured and logged.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from lightning.pytorch.utilities import move_data_to_device
 
 from .. import deprecated
 from ..diagnostics.norms import measure_norms
-from ..diagnostics.probe import LayerRef, probe_batch
+from ..diagnostics.probe import LayerRef, follow_probe, probe_batch
 from ..errors import ConfigError
+from ..sharding import sharded_strategy
 
 
 class AttentionNorms(Callback):
@@ -60,11 +63,14 @@ class AttentionNorms(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if not trainer.is_global_zero or step % self.every_n_steps or step == self._last_step:
+        probing = trainer.is_global_zero or sharded_strategy(trainer) is not None
+        if not probing or step % self.every_n_steps or step == self._last_step:
             return
         self._last_step = step
         if self._probe is None:
             self._probe = probe_batch(pl_module, batch, self.probe_size)
+        if not trainer.is_global_zero:
+            return follow_probe(pl_module, self._probe)
         metrics = self.measure(pl_module, self._probe)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

@@ -164,12 +164,12 @@ class SlurmPreemption(Callback):
         folder = Path(trainer.default_root_dir)
         path = trainer.strategy.broadcast(str(folder / f"hpc_ckpt_{max(_hpc_numbers(folder), default=0) + 1}.ckpt"))
         start = time.monotonic()
-        trainer.save_checkpoint(path)  # the trainer's checkpoint IO: atomic with SafeCheckpointIO; ends in a barrier
+        trainer.save_checkpoint(path)  # atomic with SafeCheckpointIO and the sharded strategy; ends in a barrier
         self._last_write_s = time.monotonic() - start
         if trainer.is_global_zero:
             for number in _hpc_numbers(folder):
-                if folder / f"hpc_ckpt_{number}.ckpt" != Path(path):
-                    (folder / f"hpc_ckpt_{number}.ckpt").unlink(missing_ok=True)
+                if folder / f"hpc_ckpt_{number}.ckpt" != Path(path):  # a file, or a sharded strategy's folder
+                    trainer.strategy.remove_checkpoint(folder / f"hpc_ckpt_{number}.ckpt")
         rank_zero_info(f"saved {path} at step {trainer.global_step} in {self._last_write_s:.1f} s")
 
     def on_save_checkpoint(

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from ..errors import ConfigError
 
 from .attention_norms import AttentionNorms
+from .memory import MemoryReport
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import SlurmPreemption
@@ -100,6 +101,9 @@ STANDARD_CALLBACKS = (
     ),
     StandardCallback("predictions", PredictionWriter, "`predict` saves its outputs to <log dir>/predictions/"),
     StandardCallback("norms", AttentionNorms, "attention norms per layer and head every every_n_steps steps"),
+    StandardCallback(
+        "memory", MemoryReport, "per-rank memory: the DDP and FSDP2 estimate before training, what is held after"
+    ),
 )
 STANDARD_KEYS = tuple(callback.key for callback in STANDARD_CALLBACKS)
 

@@ -23,6 +23,7 @@ from ..diagnostics.figures import attention_pictures
 from ..checkpoint import load_checkpoint
 from ..data.base import read_rgb
 from ..errors import ConfigError
+from ..sharding.checkpoints import check_sharded_folder, in_memory_file, read_consolidated
 
 
 def layer_ref(text: str) -> int | str:
@@ -51,15 +52,20 @@ def load_module(ckpt: Path, class_name: str | None) -> LightningModule:
     """The module of a checkpoint, built from its hyperparameters (no pretrained file needed), in eval mode.
 
     The class is ``class_name``, else the one the CLI recorded (``_class_path``), else ``ClassificationModule``.
+    A sharded checkpoint folder is consolidated in memory first (:func:`~..sharding.read_consolidated`).
     """
-    checkpoint = load_checkpoint(ckpt)  # names the file if it is damaged
+    if ckpt.is_dir():
+        checkpoint = read_consolidated(check_sharded_folder(ckpt))
+        source = in_memory_file(checkpoint)
+    else:
+        checkpoint, source = load_checkpoint(ckpt), ckpt  # names the file if it is damaged
     if "hyper_parameters" not in checkpoint or "state_dict" not in checkpoint:
         raise ConfigError(f"{ckpt} is not a Lightning checkpoint of a module that saves its hyperparameters")
     hparams = checkpoint["hyper_parameters"]
     cls = module_class(class_name or hparams.get("_class_path") or "ClassificationModule")
     overrides = {"pretrained": None} if hparams.get("pretrained") else {}  # the checkpoint's weights replace them
     # Lightning's loader: it also rebuilds hyperparameters the CLI saved as plain dicts (recipes) into their types
-    module = cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, **overrides)
+    module = cls.load_from_checkpoint(source, map_location="cpu", weights_only=True, **overrides)
     print(
         f"checkpoint {ckpt}: {cls.__name__}, {len(checkpoint['state_dict'])} tensors loaded, saved at epoch "
         f"{checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"

@@ -147,3 +147,10 @@ def run_probe(pl_module: nn.Module, probe: Any) -> Any:
         return pl_module(*args)
     with trainer.precision_plugin.forward_context():
         return pl_module(*args)
+
+
+def follow_probe(pl_module: nn.Module, probe: Any) -> None:
+    """The probe forward a rank other than 0 runs while rank 0 probes a sharded model: the same forward (so the same
+    all-gathers of each block), nothing recorded, under :func:`probing`."""
+    with probing(pl_module):
+        run_probe(pl_module, probe)

@@ -10,7 +10,9 @@ A task family writes its model, its data and its ``training_step``; this base do
 * **The model is built in** ``configure_model()`` by :meth:`TaskModule.build`, right away in ``__init__`` when every
   required data value is given (a checkpoint's hyperparameters always give them). Attention is switched to the
   registry activation in exactly one place, right after building, on the module :meth:`TaskModule.attention_target`
-  names.
+  names. Under :class:`~polyattn_lightning.sharding.ShardedStrategy` ``configure_model()`` also shards
+  :meth:`TaskModule.optimized_module` (FSDP2, one block per unit); a model a task builds inside
+  :meth:`TaskModule.init_context` (from a config) is then made on the meta device and initialised once sharded.
 * **Optimizer and schedule** from the ``optim`` hyperparameter (:class:`~polyattn_lightning.tasks.optim.OptimRecipe`)
   for the parameters of :meth:`TaskModule.optimized_module`.
 * **Evaluation**: ``validation_step`` / ``test_step`` call :meth:`TaskModule.evaluate` with the stage; metrics made
@@ -24,6 +26,7 @@ A task family writes its model, its data and its ``training_step``; this base do
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +42,7 @@ from ..attention import ActivationSpec, get_activation
 from ..attention.switch import set_attention
 from ..diagnostics.probe import default_probe
 from ..errors import ConfigError, UserInputError
+from ..sharding import building_later, sharded_strategy
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
 
@@ -81,13 +85,19 @@ class TaskModule(pl.LightningModule):
     # ---- building ----------------------------------------------------------------------------------
 
     def build_if_known(self) -> None:
-        """Build now when no required value is left to the data (a checkpoint's hyperparameters give them all)."""
-        if all(self.hparams.get(name) is not None for name in self.data_args):
+        """Build now when no required value is left to the data (a checkpoint's hyperparameters give them all), unless
+        the sharded strategy will build it (:func:`~polyattn_lightning.sharding.build_later`)."""
+        if not building_later() and all(self.hparams.get(name) is not None for name in self.data_args):
             self.configure_model()
 
     def configure_model(self) -> None:
-        """Fill the values left to the data, :meth:`build` the model, switch its attention; once."""
+        """Fill the values left to the data, :meth:`build` the model, switch its attention; once. Under the sharded
+        strategy, shard it too: before switching when :meth:`build` left it on the meta device (the switch's probe
+        forward needs weights), after when it has weights (the probe runs on the plain model)."""
+        sharded = sharded_strategy(self)
         if self.built:
+            if sharded is not None:
+                sharded.shard(self, self.optimized_module())
             return
         self.check_data(self._trainer.datamodule if self._trainer is not None else None)
         missing = [name for name in self.data_args if self.hparams.get(name) is None]
@@ -97,11 +107,21 @@ class TaskModule(pl.LightningModule):
                 "DataModule that has it"
             )
         self.build()
+        if sharded is not None and any(p.is_meta for p in self.optimized_module().parameters()):
+            sharded.shard(self, self.optimized_module())
         target = self.attention_target()
         if target is not None:
             # softmax too, so every model takes the registry path
             set_attention(target, self.attention_spec(), **self.attention_options())
+        if sharded is not None:
+            sharded.shard(self, self.optimized_module())
         self.built = True
+
+    def init_context(self) -> contextlib.AbstractContextManager:
+        """Where :meth:`build` makes a model that comes from a config (random init, no weight file): the meta
+        device under the sharded strategy (no rank holds it whole), else a no-op."""
+        sharded = sharded_strategy(self)
+        return sharded.init_context() if sharded is not None else contextlib.nullcontext()
 
     def build(self) -> None:
         """Make the model, heads, losses and metrics from the (complete) hyperparameters."""

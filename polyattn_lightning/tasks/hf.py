@@ -46,6 +46,7 @@ from ..models.hf_pretrained import (
     plain_load_reports,
     resolve_folder,
 )
+from ..sharding import full_state_dict, plain_class
 from .base import TaskModule, logits_evaluation
 from .optim import OptimRecipe
 
@@ -86,7 +87,8 @@ class HFTask(TaskModule):
             key = "built_config" if hp.built_config is not None else "model.init_args.hf_config"
             config = config_from_dict(hp.built_config or hp.hf_config, key)
             config.update(self.config_overrides())
-            self.model = auto.from_config(config, attn_implementation="sdpa")
+            with self.init_context():  # the meta device under the sharded strategy
+                self.model = auto.from_config(config, attn_implementation="sdpa")
         elif hp.model is not None:
             folder = model_folder(hp.model, "model.init_args.model")
             plain_load_reports()
@@ -169,13 +171,21 @@ class HFTask(TaskModule):
 
     def on_fit_end(self) -> None:
         super().on_fit_end()  # the best checkpoint's test loads its weights
-        if self.hparams.export_dir and self.trainer.is_global_zero:
-            self.export(self.hparams.export_dir)
+        if self.hparams.export_dir:
+            self.export(self.hparams.export_dir)  # every rank: a sharded model is gathered first
 
     def export(self, folder: str | Path) -> Path:
-        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer."""
+        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, by global
+        rank 0; every rank calls it (a sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
-        self.model.save_pretrained(folder)
+        state = full_state_dict(self.model)
+        if self._trainer is not None and not self.trainer.is_global_zero:
+            return folder
+        self.model.save_pretrained(folder, state_dict=state)
+        architecture = plain_class(self.model).__name__
+        if self.model.config.architectures != [architecture]:  # FSDP2's subclass (FSDPLlamaForCausalLM)
+            self.model.config.architectures = [architecture]
+            self.model.config.save_pretrained(folder)
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)

@@ -2,6 +2,7 @@
 the same with the cache."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -79,12 +80,21 @@ def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_c
         torch.testing.assert_close(restored(batch), run.model.eval()(batch), atol=1e-5, rtol=1e-5)
 
 
+#: layers a model from ``hf_config`` is built with here at most (its width stays the config's): the 1B example
+#: builds 2 of its 22 layers (90M parameters, not 1B in the test process's memory).
+TEST_LAYERS = 2
+
+
 @pytest.mark.parametrize("path", experiment_configs(HF), ids=lambda p: p.stem)
 def test_experiment_config_builds(tmp_path, monkeypatch, path: Path):
     """Model and data built through the CLI as ``fit`` would, on small generated sets written under ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
+    hf_config = yaml.safe_load(path.read_text())["model"]["init_args"].get("hf_config")
+    shrink = []
+    if hf_config and hf_config.get("num_hidden_layers", 0) > TEST_LAYERS:
+        shrink = ["--model.init_args.hf_config", json.dumps({**hf_config, "num_hidden_layers": TEST_LAYERS})]
     run = built(path, "--data.root", str(tmp_path / "data"), "--data.train_size", "64", "--data.val_size", "16",
-                "--data.test_size", "16")
+                "--data.test_size", "16", *shrink)
     model, data = run.model.model, run.datamodule
     assert model.get_input_embeddings().num_embeddings >= len(data.tokenizer)
     if data.num_classes is not None:  # sequence classification: a head of the data's classes

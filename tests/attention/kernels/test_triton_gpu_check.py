@@ -19,7 +19,7 @@ def test_dry_run_without_a_gpu_says_so_and_exits_2(tmp_path):
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["environment"]["cuda_available"] is False
     assert {part["status"] for part in report["parts"].values()} == {"skipped"}
-    assert set(report["parts"]) == {"tests", "bench", "vit", "timing"}
+    assert set(report["parts"]) == {"tests", "bench", "vit", "timing", "decoder"}
     assert "NO GPU" in (tmp_path / "out" / "summary.txt").read_text()
 
 
@@ -47,3 +47,8 @@ def test_dry_run_times_every_case_on_cpu(tmp_path):
     assert report["cases"]["bf16"]["vs_bf16"] == 1.0
     assert report["cases"]["bf16 dropout 0.1"]["host_syncs"] == []
     assert "fp32 high (tf32x3):" in result.stdout
+    decoder = json.loads((tmp_path / "decoder.json").read_text())  # the sharding issue's GPU goal, tiny on CPU
+    assert decoder["device"] == "cpu" and set(decoder["median_step_ms"]) == {"softmax", "poly3"}
+    assert all(len(losses) == 3 for losses in decoder["losses"].values())  # warm-up + 2 timed steps each
+    assert decoder["losses"]["softmax"][0] != decoder["losses"]["poly3"][0]  # the switch took effect
+    assert "poly3" in result.stdout and "x softmax (target <= 1.11" in result.stdout

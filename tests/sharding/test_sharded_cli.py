@@ -1,0 +1,106 @@
+"""The sharded strategy through the CLI on one rank: ``--trainer configs/<family>/trainer/fsdp.yaml`` merged into a
+config's trainer settings, the model built on the meta device, checkpoint folders, ``--ckpt_path`` taking a folder,
+``polyattn consolidate`` to one file (which resumes without sharding) and to a ``save_pretrained`` folder (which
+plain transformers loads, and ``load_pretrained`` runs with the trained activation), and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from training_helpers import CONFIGS, QUICKSTART, fit, resolved_config
+
+from polyattn_lightning import cli
+from polyattn_lightning.attention.switch.hf import load_pretrained
+from polyattn_lightning.callbacks import MemoryReport
+from polyattn_lightning.commands import consolidate
+from polyattn_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
+from polyattn_lightning.tasks import HFCausalLM
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+LLAMA = CONFIGS / "hf" / "tiny_llama_poly3.yaml"
+HF_FSDP = CONFIGS / "hf" / "trainer" / "fsdp.yaml"
+
+
+@pytest.mark.parametrize(
+    "config, fsdp, kept",
+    [(LLAMA, HF_FSDP, ("max_epochs", 4)), (QUICKSTART, CONFIGS / "classification/trainer/fsdp.yaml", ("max_epochs", 10))],
+)
+def test_fsdp_trainer_config_merges_into_the_configs_trainer(capsys, config, fsdp, kept):
+    trainer = resolved_config(capsys, config, "--trainer", str(fsdp))["trainer"]
+    assert trainer["strategy"]["class_path"] == "polyattn_lightning.sharding.ShardedStrategy"
+    assert trainer["precision"] == "32-true" and trainer[kept[0]] == kept[1]  # the config's own setting stays
+
+
+def test_a_ckpt_path_folder_that_is_not_a_sharded_checkpoint_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "run.ckpt").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(LLAMA), "--ckpt_path", str(tmp_path / "run.ckpt")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[0]
+    assert "run.ckpt is not a sharded checkpoint" in error and ".metadata" in error and "meta.pt" in error
+
+
+ARGS = ["--trainer", str(HF_FSDP), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar",
+        "false", "--data.train_size", "200", "--data.val_size", "20", "--data.test_size", "20",
+        "--model.init_args.test_after_fit", "false", "--data.batch_size", "8", "--memory.after_steps", "2"]
+
+
+@pytest.mark.slow
+def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypatch, one_rank):
+    monkeypatch.chdir(tmp_path)
+    data = ["--data.root", str(tmp_path / "stories")]
+    run = fit("--config", str(LLAMA), *ARGS, *data, "--trainer.max_steps", "2", "--model.init_args.export_dir",
+              str(tmp_path / "exported_by_fit"))  # every rank joins the gather, rank 0 writes
+    strategy = run.trainer.strategy
+    assert isinstance(strategy, ShardedStrategy) and strategy.built_on_meta  # no rank held the model whole
+    [memory] = [c for c in run.trainer.callbacks if isinstance(c, MemoryReport)]
+    assert "this run: FSDP2" in memory.lines[0] and "after 2 steps" in memory.lines[1]
+    last = tmp_path / "runs" / "hf" / "tiny_llama_poly3" / "version_0" / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(last)
+
+    resumed = fit("--config", str(LLAMA), *ARGS, *data, "--trainer.max_steps", "3", "--ckpt_path", str(last))
+    assert resumed.trainer.global_step == 3
+    ids = torch.randint(0, 384, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # export_dir came with the checkpoint's hyperparameters: the resumed run wrote it again
+        by_fit = load_pretrained(tmp_path / "exported_by_fit", _causal_lm()).eval()(input_ids=ids).logits
+        torch.testing.assert_close(by_fit, resumed.model.eval().model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / "exported_by_fit" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]  # not FSDP2's subclass FSDPLlamaForCausalLM
+
+    whole = tmp_path / "last_full.ckpt"
+    consolidate.main([str(last), "--out", str(whole)])
+    checkpoint = torch.load(whole, weights_only=True)
+    assert checkpoint["global_step"] == 2 and "model.model.embed_tokens.weight" in checkpoint["state_dict"]
+    plain = fit("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps", "3",
+                "--ckpt_path", str(whole))  # one process, no sharding
+    assert plain.trainer.global_step == 3 and not isinstance(plain.trainer.strategy, ShardedStrategy)
+
+    exported = tmp_path / "exported"
+    consolidate.main([str(last), "--pretrained", str(exported)])
+    task = HFCausalLM.load_from_checkpoint(whole, weights_only=True).eval()
+    with torch.no_grad():
+        trained = task.model(input_ids=ids).logits
+        switched = load_pretrained(exported, _causal_lm()).eval()(input_ids=ids).logits
+    torch.testing.assert_close(switched, trained, rtol=1e-5, atol=1e-5)  # the trained activation, same outputs
+    assert json.loads((exported / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    probe = ("import sys, torch; from transformers import AutoModelForCausalLM; "
+             "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+             "assert not any(name.startswith('polyattn') for name in sys.modules), 'imported the project'; "
+             "print(m(input_ids=torch.zeros(1, 4, dtype=torch.long)).logits.shape)")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", probe, str(exported)], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0 and "torch.Size([1, 4, 384])" in result.stdout, result.stderr[-2000:]
+
+
+def _causal_lm():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
