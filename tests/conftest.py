@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from training_helpers import write_jpeg
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,15 +32,6 @@ def one_torch_thread():
 
 
 CLASSES = ("n01443537", "n01629819", "n01641577")  # Tiny-ImageNet style wnids, also used as folder names
-
-
-def write_jpeg(path: Path, seed: int, size: int = 24) -> Path:
-    """A random-noise RGB JPEG; its mean colour depends on ``seed`` so files differ."""
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels).save(path, format="JPEG")
-    return path
 
 
 @pytest.fixture

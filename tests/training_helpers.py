@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
+from PIL import Image
 from torch import nn
 
 from polyattn_lightning import cli
@@ -112,3 +114,12 @@ class KillAt(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             raise Killed
+
+
+def write_jpeg(path: Path, seed: int, size: int = 24) -> Path:
+    """A random-noise RGB JPEG; its mean colour depends on ``seed`` so files differ."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, format="JPEG")
+    return path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_jpeg
+from training_helpers import write_jpeg
 from lightning.pytorch.loops.utilities import _parse_loop_limits
 from training_helpers import cpu_trainer
 

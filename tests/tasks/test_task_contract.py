@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
-from conftest import write_jpeg
+from training_helpers import write_jpeg
 from training_helpers import CONFIGS, QUICKSTART, experiment_configs, fit
 
 from polyattn_lightning import cli
