@@ -11,9 +11,8 @@ attention module was called. The modules it found are then given the project's
 subclass; HF's ``forward`` and parameters are untouched), so the diagnostics' ``capture`` contract holds:
 ``attention_modules`` lists them in forward order and ``capture`` gets what ``attention()`` is given. The
 probe's inputs are set_attention's ``probe=`` (a callable running one forward, or a mapping of the model's
-keyword arguments). ``calibrate=True`` runs one more probe forward, with softmax, and folds a temperature per
-head into the query weights (``calibration.py``): what makes a pretrained softmax model fine-tune into ``x^3``
-(configs/README.md).
+keyword arguments). Converting a pretrained softmax model without losing what it learned (calibration,
+attention transfer) is :func:`polyattn_lightning.convert`'s (``polyattn_lightning/conversion/``).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
@@ -34,9 +33,8 @@ from transformers import PreTrainedModel
 
 from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
-from ..base import AttentionInputs, SwitchedAttention
+from ..base import SwitchedAttention
 from . import interface
-from .calibration import fold_temperatures
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
 
@@ -54,26 +52,20 @@ def set_attention(
     activation: ActivationSpec,
     *,
     probe: Mapping | Callable[[], object] | None = None,
-    calibrate: bool = False,
 ) -> int:
     """Switch every attention layer of an HF ``PreTrainedModel`` to ``activation``; returns how many.
 
     Args:
         model: a ``transformers`` model whose attention goes through ``AttentionInterface`` (BERT, ViT, Llama...).
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
-        probe: the forward that shows every layer goes through the interface (and that ``calibrate`` measures):
-            a mapping of ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for
-            timm models, a callable running one forward of ``model``; None makes a few token ids (two rows, the
-            second padded) or one blank image, as the model's ``main_input_name`` asks. A batch of real inputs
-            (e.g. training data) gives ``calibrate`` real scores to measure.
-        calibrate: also fold one temperature per head into the query projections, chosen so that each layer's
-            output starts nearest to the softmax output of the weights it was given
-            (:mod:`~polyattn_lightning.attention.switch.hf.calibration`): once, when switching a pretrained softmax
-            model.
+        probe: the forward that shows every layer goes through the interface: a mapping of ``model``'s keyword
+            arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for timm models, a callable running
+            one forward of ``model``; None makes a few token ids (two rows, the second padded) or one blank image,
+            as the model's ``main_input_name`` asks.
 
     Raises :class:`ConfigError`, leaving the model as it was, when the model's attention does not go through
-    transformers' ``AttentionInterface`` in every layer, passes a keyword argument the activation cannot honour,
-    or (``calibrate``) has no query projection to fold the temperatures into.
+    transformers' ``AttentionInterface`` in every layer, or passes a keyword argument the activation cannot
+    honour.
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
@@ -92,8 +84,6 @@ def set_attention(
     model.set_attn_implementation(IMPLEMENTATION)
     try:
         found = _check_every_layer(model, _run_probe(model, run, Probe(activation)).calls)
-        if calibrate:  # every check before a weight changes: a refusal leaves the model as it was
-            fold_temperatures(found, _softmax_inputs(model, run), activation)
     except BaseException:
         model.set_attn_implementation(previous)
         raise
@@ -131,13 +121,6 @@ def _run_probe(model: PreTrainedModel, run: Callable[[], object], probe: Probe) 
         raise ConfigError(f"{type(model).__name__}: {error}") from None
     finally:
         model.train(was_training)
-
-
-def _softmax_inputs(model: PreTrainedModel, run: Callable[[], object]) -> dict[int, AttentionInputs]:
-    """What each attention module attends in a softmax forward of ``run`` (its first call), by module id."""
-    recorded: dict[int, AttentionInputs] = {}
-    _run_probe(model, run, Probe("softmax", capture=lambda module, inputs: recorded.setdefault(id(module), inputs)))
-    return recorded
 
 
 def _default_probe_inputs(model: PreTrainedModel) -> dict[str, Tensor]:
