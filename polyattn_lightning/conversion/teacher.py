@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.registry import ActivationSpec
-from ..attention.switch import AttentionInputs, SwitchedAttention
+from ..attention.switch import AttentionInputs, SwitchedAttention, attention_modules
 
 Batch = Any  # a tensor (timm) or a mapping of tensors (Hugging Face), as the model takes it
 
@@ -55,16 +55,17 @@ def run_model(model: nn.Module, batch: Batch) -> Any:
 
 
 @contextmanager
-def activation(layers: Sequence[Layer], spec: ActivationSpec) -> Iterator[None]:
-    """Every layer attends with ``spec`` meanwhile (its own spec restored after)."""
-    saved = [layer.module.activation_spec for layer in layers]
+def activation(model: nn.Module, spec: ActivationSpec) -> Iterator[None]:
+    """Every switched attention module of ``model`` attends with ``spec`` meanwhile (its own spec restored after)."""
+    modules = [module for _, module in attention_modules(model)]
+    saved = [module.activation_spec for module in modules]
     try:
-        for layer in layers:
-            layer.module.activation_spec = spec
+        for module in modules:
+            module.activation_spec = spec
         yield
     finally:
-        for layer, spec_before in zip(layers, saved):
-            layer.module.activation_spec = spec_before
+        for module, spec_before in zip(modules, saved):
+            module.activation_spec = spec_before
 
 
 @contextmanager
@@ -133,7 +134,7 @@ def record(
             hooks.append(layer.module.register_forward_hook(keep(index, layer), with_kwargs=True))
             if capture is not None:
                 layer.module.capture = lambda module, inputs, index=index: capture(index, inputs)
-        with torch.no_grad(), activation(layers, "softmax"):
+        with torch.no_grad(), activation(model, "softmax"):  # every layer, also those not recorded
             run_model(model, batch)
     finally:
         for hook in hooks:

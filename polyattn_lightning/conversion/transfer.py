@@ -51,7 +51,7 @@ class TransferOptions:
     lr: float = 1e-3
     steps: int = 300
     patience: int = 3
-    min_delta: float = 0.01
+    min_delta: float = 0.001
     layers_per_pass: int | None = None
     seed: int = 0
 
