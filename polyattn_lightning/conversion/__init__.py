@@ -19,7 +19,7 @@ Fine-tuning after the conversion, in full or with LoRA adapters (:mod:`.lora`, p
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -117,11 +117,11 @@ def convert(
 
 def _probe(model: nn.Module, batch: Batch):
     """set_attention's probe: the batch's keyword arguments for an HF model, a forward on it for a timm one."""
-    return dict(batch) if isinstance(batch, dict) else (lambda: model(batch))
+    return dict(batch) if isinstance(batch, Mapping) else (lambda: model(batch))
 
 
 def _count(batch: Batch) -> int:
-    first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+    first = next(iter(batch.values())) if isinstance(batch, Mapping) else batch
     return int(first.shape[0])
 
 

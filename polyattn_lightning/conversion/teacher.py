@@ -16,7 +16,7 @@ layers of any width weigh alike and 1.0 is the error of a zero output.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +51,7 @@ class Call:
 
 def run_model(model: nn.Module, batch: Batch) -> Any:
     """One forward of ``model`` on ``batch`` (a mapping is passed as keyword arguments)."""
-    return model(**batch) if isinstance(batch, dict) else model(batch)
+    return model(**batch) if isinstance(batch, Mapping) else model(batch)
 
 
 @contextmanager
@@ -153,7 +153,7 @@ def layer_output(layer: Layer, call: Call) -> Tensor:
 
 def token_weights(batch: Batch, like: Tensor) -> Tensor | None:
     """``(B, N, 1)`` weights of the real tokens (HF's ``attention_mask``), or None (every token counts)."""
-    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     if mask is None or tuple(mask.shape) != tuple(like.shape[:2]):
         return None
     return mask.to(like.dtype)[..., None]

@@ -222,7 +222,7 @@ class TaskModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(CONVERSION_KEY)
-        if saved is not None and self.conversion is not None and saved is not self.conversion:
+        if saved is not None and self.conversion is not None and saved != self.conversion:
             rank_zero_warn(
                 "convert: this run converted the weights, and the checkpoint it now loads replaces them (converted "
                 "once in the run that saved it); set trainer.ckpt_path before fit, or use --ckpt_path, to skip it"
@@ -292,6 +292,8 @@ class TaskModule(pl.LightningModule):
                     raise type(err)(f"model.init_args.{err}") from err
                 except TypeError as err:
                     raise ConfigError(f"model.init_args.{key}: {err}") from None
+        if init_args.get("calibrate_attention"):
+            from_deprecated_calibrate(dict(init_args))  # the deprecated key against convert.method, before building
 
     # ---- steps -------------------------------------------------------------------------------------
 

@@ -46,16 +46,19 @@ def test_minilm_quickstart_fine_tunes_above_the_majority_class(tmp_path, monkeyp
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
 
 
-def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch):
-    """The x^3 fine-tune (per-head temperatures calibrated first) for 30 steps, as the softmax one above; the
-    checkpoint holds the calibrated weights: rebuilt from it (no second calibration) it gives the same logits."""
+def test_minilm_quickstart_converted_to_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch):
+    """The x^3 fine-tune (attention transfer first, shortened to 20 steps) for 30 steps, as the softmax one above;
+    the checkpoint holds the converted weights: rebuilt from it (no second conversion) it gives the same logits."""
     run = fit(tmp_path, monkeypatch, "minilm_poly3.yaml", "--trainer.max_epochs", "1",
               "--trainer.limit_train_batches", "30", "--data.train_size", "480", "--data.val_size", "100",
-              "--data.test_size", "100")
+              "--data.test_size", "100", "--model.init_args.convert.steps", "20")
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
     [best] = (tmp_path / "runs" / "hf" / "minilm_poly3" / "version_0" / "checkpoints").glob("best-*.ckpt")
-    hyperparameters = torch.load(best, weights_only=True)["hyper_parameters"]
-    assert hyperparameters["attention"] == "poly3" and hyperparameters["calibrate_attention"] is True
+    saved = torch.load(best, weights_only=True)
+    hyperparameters = saved["hyper_parameters"]
+    assert hyperparameters["attention"] == "poly3" and hyperparameters["convert"]["method"] == "transfer"
+    report = saved["polyattn_conversion"]
+    assert max(report["error_after"]) < min(report["error_before"])  # every layer nearer its softmax output
     assert hyperparameters["built_config"]["model_type"] == "bert"
     restored = HFSequenceClassification.load_from_checkpoint(best, weights_only=True).eval()
     batch = run.datamodule.collate_fn([run.datamodule.val_set[i] for i in range(8)])
