@@ -59,6 +59,7 @@ def test_the_start_is_each_heads_least_squares_gain():
     layers, projections = attention_layers(model, samples[0])
     student = Student(model, layers, projections, "poly3", TransferOptions(), samples)
     [first] = select_layers(model, [1])
+    student.set_enabled(False)  # the teacher's queries: the start gain lives on them, as a temperature
     with torch.no_grad():
         first.module.activation_spec = "softmax"
         [(inputs,)] = probe_attention([first], lambda: model(**samples[0])).values()
