@@ -12,7 +12,7 @@ Quality numbers, not speed (any machine load gives the same numbers, only later)
   pooling) to the softmax model's on held-out sentences, and the Spearman correlation of their pairwise
   similarities; the conversion runs on other sentences;
 * ``vit``: a ViT trained with softmax by this project (``--teacher``: the digits quickstart's ``.ckpt``), converted
-  to x^3: validation top-1 right after the switch and after ``--budgets`` steps (default 1%, 5%, 10% of its 450),
+  to x^3: validation top-1 right after the switch and after ``--budgets`` steps (default 1%, 5%, 10% of its 440),
   full and LoRA.
 
 Each writes its numbers to ``--json`` and its recovery curves to ``--figure``.
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.budgets is None:
-        args.budgets = {"llama": [3, 14, 28], "vit": [4, 22, 45]}.get(args.model, [])
+        args.budgets = {"llama": [3, 14, 28], "vit": [4, 22, 44]}.get(args.model, [])
     if args.model != "minilm" and not args.teacher:
         parser.error(f"{args.model} needs --teacher")
     load_before = __import__("os").getloadavg()

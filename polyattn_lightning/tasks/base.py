@@ -172,9 +172,8 @@ class TaskModule(pl.LightningModule):
         report = convert(target, self.attention_spec(), samples, recipe.method, **options)
         self.conversion = report.as_dict()
         rank_zero_info(report.summary())
-        if trainer.is_global_zero:
-            folder = Path(trainer.log_dir or trainer.default_root_dir)
-            data, figure = report.write(folder)
+        if trainer.is_global_zero and trainer.loggers:  # the run's folder (none without a logger)
+            data, figure = report.write(Path(trainer.log_dir))
             rank_zero_info(f"convert: per-layer errors in {data}, figure {figure}")
             for logger in trainer.loggers:
                 logger.log_metrics(
