@@ -67,10 +67,22 @@ def _figure(path: str, title: str, ylabel: str, curves: dict[str, dict[int, floa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    bases = list(dict.fromkeys(label.removesuffix(" LoRA") for label in curves))  # one colour per conversion
+    colours = plt.get_cmap("tab10")
     for label, points in curves.items():
         xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", lw=1.2, label=label, ls="--" if "LoRA" in label else "-")
+        lora = label.endswith(" LoRA")
+        colour = colours(bases.index(label.removesuffix(" LoRA")) % 10)
+        ax.plot(
+            xs,
+            [points[x] for x in xs],
+            marker="s" if lora else "o",
+            lw=1.2,
+            label=label,
+            color=colour,
+            ls="--" if lora else "-",
+        )
     if reference is not None:
         ax.axhline(reference, color="black", lw=0.8, ls=":", label="softmax teacher")
     ax.set_xlabel("fine-tuning steps after the conversion")
@@ -175,7 +187,8 @@ def llama(args) -> dict[str, Any]:
             activation, init, mode = key.split("/")
             start = report["switch"].get(f"{activation}/{init}", 1.0)
             points = {0: start, **{int(s): v["median"] for s, v in entry.items() if s.isdigit()}}
-            curves[f"{activation} {init}" + (" LoRA" if mode == "lora" else "")] = points
+            label = "softmax to softmax (control)" if activation == "softmax" else f"{activation} {init}"
+            curves[label + (" LoRA" if mode == "lora" else "")] = points
         _figure(args.figure, "tiny Llama: perplexity / teacher's", "test perplexity / teacher's", curves, 1.0)
     return report
 
