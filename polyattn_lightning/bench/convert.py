@@ -269,6 +269,8 @@ def minilm(args) -> dict[str, Any]:
     methods["transfer (full q/k)"] = ("transfer", {"qk": "full"})
     for activation in args.activations:
         for label, (method, options) in methods.items():
+            if args.methods and label not in args.methods:
+                continue
             model = load()
             begin = time.perf_counter()
             options = {**json.loads(args.transfer), **options} if method == "transfer" else {}
@@ -367,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--activations", type=lambda s: s.split(","), default=["poly3", "relu", "poly1"])
     parser.add_argument("--inits", type=lambda s: s.split(","), default=["calibrate", "transfer"],
                         help="llama: the conversions that are fine-tuned")  # fmt: skip
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=None,
+                        help="minilm: only these conversions (e.g. none,calibrate,transfer)")  # fmt: skip
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=None)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=64, help="training samples the conversion runs on")
