@@ -12,6 +12,7 @@ deprecated.install()
 
 #: Top-level names, imported on first use: ``name -> module``.
 _LAZY = {
+    "convert": "polyattn_lightning.conversion",
     "kernel_choice": "polyattn_lightning.attention.functional",
     "set_attention": "polyattn_lightning.attention.switch",
     "get_activation": "polyattn_lightning.attention.registry",
@@ -23,4 +24,4 @@ def __getattr__(name: str):
     return deprecated.attribute(__name__, name, _LAZY)
 
 
-__all__ = ["get_activation", "kernel_choice", "register_activation", "set_attention"]
+__all__ = ["convert", "get_activation", "kernel_choice", "register_activation", "set_attention"]

@@ -23,6 +23,7 @@ LAYERS = (
     {"rng", "distributed", "checkpoint"},
     {"attention"},
     {"diagnostics", "models"},
+    {"conversion"},
     {"detection"},
     {"data", "sharding"},
     {"callbacks", "tasks"},
@@ -175,7 +176,8 @@ def test_attention_top_level_is_small_and_its_graph_shallow():
 
 
 @pytest.mark.parametrize(
-    "folder", ["attention/kernels", "attention/switch", "attention/switch/timm", "attention/switch/hf", "diagnostics"]
+    "folder",
+    ["attention/kernels", "attention/switch", "attention/switch/timm", "attention/switch/hf", "diagnostics", "conversion"],
 )
 def test_each_room_holds_at_most_ten_modules_and_no_lone_file_folder(folder):
     path = PACKAGE / folder

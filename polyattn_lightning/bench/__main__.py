@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "attention": "attention",
+    "convert": "convert",
     "detection": "detection",
     "diagnostics": "diagnostics",
     "fsdp": "fsdp",

@@ -10,7 +10,14 @@ A task family writes its model, its data and its ``training_step``; this base do
 * **The model is built in** ``configure_model()`` by :meth:`TaskModule.build`, right away in ``__init__`` when every
   required data value is given (a checkpoint's hyperparameters always give them). Attention is switched to the
   registry activation in exactly one place, right after building, on the module :meth:`TaskModule.attention_target`
-  names. Under :class:`~polyattn_lightning.sharding.ShardedStrategy` ``configure_model()`` also shards
+  names; with the ``lora`` hyperparameter, peft adapters go on its attention's q/k/v/o layers there too, and only
+  they (and :meth:`TaskModule.lora_trainable`, a new head) train.
+* **The convert step** (the ``convert`` hyperparameter, :class:`~polyattn_lightning.conversion.ConvertRecipe`):
+  pretrained softmax weights converted to the activation (``calibrate``, ``transfer``) on the first training
+  samples, once, before the first fit, validate or test: logged, its report (``conversion.json`` and a per-layer
+  figure) written to the run's folder and saved in every checkpoint (``polyattn_conversion``), so a run resumed
+  from one, or a model rebuilt from one, does not convert again (its weights are the converted ones).
+* **Sharding**: under :class:`~polyattn_lightning.sharding.ShardedStrategy` ``configure_model()`` also shards
   :meth:`TaskModule.optimized_module` (FSDP2, one block per unit); a model a task builds inside
   :meth:`TaskModule.init_context` (from a config) is then made on the meta device and initialised once sharded.
 * **Optimizer and schedule** from the ``optim`` hyperparameter (:class:`~polyattn_lightning.tasks.optim.OptimRecipe`)
@@ -29,21 +36,29 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
+from torch.utils.data import default_collate
 from torchmetrics import MetricCollection
 
 from ..attention import ActivationSpec, get_activation
 from ..attention.switch import set_attention
+from ..conversion import ConvertRecipe, convert
+from ..conversion.lora import LoraRecipe, add_lora
 from ..diagnostics.probe import default_probe
 from ..errors import ConfigError, UserInputError
 from ..sharding import building_later, sharded_strategy
 from .optim import OptimRecipe, configure_recipe, step_scheduler
+
+#: The checkpoint key of the convert step's report (plain values).
+CONVERSION_KEY = "polyattn_conversion"
 
 
 T = TypeVar("T")
@@ -81,6 +96,8 @@ class TaskModule(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.built = False
+        #: the convert step's report (a plain dict): this run's, or the checkpoint's it was restored from
+        self.conversion: dict[str, Any] | None = None
 
     # ---- building ----------------------------------------------------------------------------------
 
@@ -91,11 +108,13 @@ class TaskModule(pl.LightningModule):
             self.configure_model()
 
     def configure_model(self) -> None:
-        """Fill the values left to the data, :meth:`build` the model, switch its attention; once. Under the sharded
-        strategy, shard it too: before switching when :meth:`build` left it on the meta device (the switch's probe
-        forward needs weights), after when it has weights (the probe runs on the plain model)."""
+        """Fill the values left to the data, :meth:`build` the model, switch its attention, add LoRA adapters
+        (once); then the convert step (:meth:`convert_once`). Under the sharded strategy, shard it too: before
+        switching when :meth:`build` left it on the meta device (the switch's probe forward needs weights), after
+        switching and converting when it has weights (both run on the plain model)."""
         sharded = sharded_strategy(self)
         if self.built:
+            self.convert_once()
             if sharded is not None:
                 sharded.shard(self, self.optimized_module())
             return
@@ -113,9 +132,16 @@ class TaskModule(pl.LightningModule):
         if target is not None:
             # softmax too, so every model takes the registry path
             set_attention(target, self.attention_spec(), **self.attention_options())
+            if self.lora_recipe is not None:
+                summary = add_lora(target, self.lora_recipe, self.lora_trainable())
+                rank_zero_info(
+                    f"lora: {summary['adapters']:,} adapter parameters ({100 * summary['adapter_fraction']:.2f}% "
+                    f"of {summary['base']:,}); {summary['trainable']:,} trainable with the new head"
+                )
+        self.built = True
+        self.convert_once()
         if sharded is not None:
             sharded.shard(self, self.optimized_module())
-        self.built = True
 
     def init_context(self) -> contextlib.AbstractContextManager:
         """Where :meth:`build` makes a model that comes from a config (random init, no weight file): the meta
@@ -138,6 +164,96 @@ class TaskModule(pl.LightningModule):
     def attention_options(self) -> dict[str, Any]:
         """Further ``set_attention`` arguments (``strict``, ``probe``); the default is none: strict, a derived probe."""
         return {}
+
+    @property
+    def convert_recipe(self) -> ConvertRecipe:
+        """The ``convert`` hyperparameter (none when the task has no such option)."""
+        return as_dataclass(self.hparams.get("convert") or ConvertRecipe(), ConvertRecipe)
+
+    @property
+    def lora_recipe(self) -> LoraRecipe | None:
+        """The ``lora`` hyperparameter: LoRA adapters instead of full fine-tuning (None: full)."""
+        value = self.hparams.get("lora")
+        return None if value is None else as_dataclass(value, LoraRecipe)
+
+    def lora_trainable(self) -> list[nn.Module]:
+        """The modules that train beside the LoRA adapters (a new head); the default is none."""
+        return []
+
+    def convert_once(self) -> None:
+        """The convert step: on the first ``convert.samples`` training samples, unless it ran already (this run, or
+        the one whose checkpoint this module was restored from), no trainer with data is attached (a model rebuilt
+        by ``load_from_checkpoint``: its weights are the converted ones), or a checkpoint is about to replace the
+        weights (:meth:`weights_from_checkpoint`)."""
+        recipe = self.convert_recipe
+        trainer = self._trainer
+        if recipe.method == "none" or self.conversion is not None or trainer is None or trainer.datamodule is None:
+            return
+        if self.weights_from_checkpoint():
+            rank_zero_info(f"convert {recipe.method}: skipped, the weights come from the checkpoint")
+            return
+        target = self.attention_target()
+        samples = self.conversion_samples(recipe, next(target.parameters()).device)
+        options = recipe.options if recipe.method == "transfer" else {}
+        report = convert(target, self.attention_spec(), samples, recipe.method, **options)
+        self.conversion = report.as_dict()
+        rank_zero_info(report.summary())
+        if trainer.is_global_zero and trainer.loggers:  # the run's folder (none without a logger)
+            data, figure = report.write(Path(trainer.log_dir))
+            rank_zero_info(f"convert: per-layer errors in {data}, figure {figure}")
+            for logger in trainer.loggers:
+                logger.log_metrics(
+                    {
+                        "convert/error_before": sum(report.error_before) / len(report.error_before),
+                        "convert/error_after": sum(report.error_after) / len(report.error_after),
+                    },
+                    step=0,
+                )
+
+    def weights_from_checkpoint(self) -> bool:
+        """Whether a checkpoint will replace the weights before the first step: ``--ckpt_path`` (the CLI sets
+        :attr:`hparams_checkpoint`) or ``trainer.ckpt_path`` set before ``fit``. (A path given to
+        ``trainer.fit(ckpt_path=...)`` itself is only known once it is loaded: the conversion then runs, and the
+        checkpoint's weights replace it, with a warning.)"""
+        return bool(self.hparams_checkpoint) or bool(self._trainer is not None and self._trainer.ckpt_path)
+
+    def conversion_samples(self, recipe: ConvertRecipe, device) -> list[Any]:
+        """The first ``recipe.samples`` training samples, collated in batches of ``recipe.batch_size`` (None: the
+        data's), as :meth:`conversion_inputs` makes them, on ``device``."""
+        datamodule = self.trainer.datamodule
+        dataset = getattr(datamodule, "train_set", None)
+        if dataset is None:
+            raise ConfigError(
+                f"model.init_args.convert.method {recipe.method}: the convert step runs on the training data, but "
+                f"{type(datamodule).__name__} has no train_set after setup"
+            )
+        count = min(recipe.samples, len(dataset))
+        size = recipe.batch_size or getattr(datamodule, "batch_size", None) or count
+        collate = getattr(datamodule, "collate_fn", None) or default_collate
+        return [
+            move_data_to_device(
+                self.conversion_inputs(collate([dataset[i] for i in range(start, min(start + size, count))])), device
+            )
+            for start in range(0, count, size)
+        ]
+
+    def conversion_inputs(self, batch: Any) -> Any:
+        """What the attention target takes from one training batch: the images of an ``(images, labels)`` pair."""
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.conversion is not None:
+            checkpoint[CONVERSION_KEY] = self.conversion
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CONVERSION_KEY)
+        if saved is not None and self.conversion is not None and saved != self.conversion:
+            rank_zero_warn(
+                "convert: this run converted the weights, and the checkpoint it now loads replaces them (converted "
+                "once in the run that saved it); set trainer.ckpt_path before fit, or use --ckpt_path, to skip it"
+            )
+        if saved is not None:
+            self.conversion = saved
 
     def optimized_module(self) -> nn.Module:
         """The module whose parameters are trained; timm models give their no-weight-decay and layer lists."""
@@ -193,6 +309,16 @@ class TaskModule(pl.LightningModule):
                 get_activation(init_args["attention"])
             except UserInputError as err:
                 raise type(err)(f"model.init_args.attention: {err}") from err
+        for key, recipe in (("convert", ConvertRecipe), ("lora", LoraRecipe)):
+            if init_args.get(key) is not None:
+                try:
+                    as_dataclass(init_args[key], recipe)
+                except UserInputError as err:
+                    raise type(err)(f"model.init_args.{err}") from err
+                except TypeError as err:
+                    raise ConfigError(f"model.init_args.{key}: {err}") from None
+        if init_args.get("calibrate_attention"):
+            from_deprecated_calibrate(dict(init_args))  # the deprecated key against convert.method, before building
 
     # ---- steps -------------------------------------------------------------------------------------
 
@@ -262,6 +388,26 @@ class TaskModule(pl.LightningModule):
             rank_zero_warn(f"no best checkpoint was saved: testing the weights at the end of training ({ckpt_path})")
             trainer.save_checkpoint(ckpt_path)
             trainer.test(self, datamodule=trainer.datamodule, ckpt_path=ckpt_path)
+
+
+def from_deprecated_calibrate(hparams: dict[str, Any]) -> None:
+    """Map the deprecated ``calibrate_attention: true`` onto ``convert.method: calibrate`` (in place, as plain values),
+    with one deprecation line; a ``convert.method`` given too must agree."""
+    calibrate = hparams.pop("calibrate_attention", None)
+    if not calibrate:
+        return
+    rank_zero_warn(
+        "model.init_args.calibrate_attention is deprecated: it is model.init_args.convert.method: calibrate "
+        "(mapped onto it; method: transfer keeps more of a pretrained model, configs/README.md)",
+        category=FutureWarning,
+    )
+    recipe = as_dataclass(hparams.get("convert") or ConvertRecipe(), ConvertRecipe)
+    if recipe.method not in ("none", "calibrate"):
+        raise ConfigError(
+            f"the conversion is given twice, as model.init_args.convert.method {recipe.method} and as "
+            "calibrate_attention: true; give it once, as model.init_args.convert.method"
+        )
+    hparams["convert"] = asdict(replace(recipe, method="calibrate"))
 
 
 def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage: str) -> None:

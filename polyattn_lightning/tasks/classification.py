@@ -16,6 +16,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from ..attention import ActivationSpec
 from ..attention.switch.timm.probe import image_probe
 from ..checkpoint import checkpoint_safe
+from ..conversion import ConvertRecipe
+from ..conversion.lora import LoraRecipe
 from ..errors import ConfigError, UserInputError
 from .base import TaskModule, as_dataclass, logits_evaluation
 from ..models.timm_builder import check_model_name, create_timm_model, resolve_pretrained_file
@@ -119,6 +121,8 @@ class ClassificationModule(TaskModule):
         test_after_fit: bool = False,
         recipe: Recipe | None = None,
         attention_strict: bool = True,
+        convert: ConvertRecipe = ConvertRecipe(),
+        lora: LoraRecipe | None = None,
     ):
         """
         Args:
@@ -138,6 +142,11 @@ class ClassificationModule(TaskModule):
             recipe: deprecated, the block that held ``optim``, ``mixup`` and ``drop_path_rate`` before (old runs).
             attention_strict: refuse a model in which some attention would keep softmax (the default); false
                 switches what can be switched and logs one line naming what stays softmax (README, support table).
+            convert: converting ``pretrained`` softmax weights to ``attention`` before fine-tuning (``method:
+                transfer`` or ``calibrate``, on the first ``samples`` training images; once, saved in the
+                checkpoint; configs/README.md, "Fine-tuning softmax weights into another attention").
+            lora: LoRA adapters (peft, ``[lora]``) on the attention's q/k/v/o layers instead of full fine-tuning:
+                ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters and the classifier train.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -193,9 +202,14 @@ class ClassificationModule(TaskModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
+    def lora_trainable(self) -> list[nn.Module]:
+        """The classifier trains beside the adapters (a new head, or the pretrained one on new data)."""
+        return [self.model.get_classifier()]
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Say what ``--ckpt_path`` loads (weights and, for ``fit``, the training state). Not for
         ``load_from_checkpoint``, which does not tell the module the file: its caller names it (``polyattn maps``)."""
+        super().on_load_checkpoint(checkpoint)
         path = self._trainer.ckpt_path if self._trainer is not None else None
         if path is None:
             return

@@ -6,16 +6,17 @@ config (``hf_config``: a mapping with ``model_type``, e.g. a tiny Llama, random 
 switches its attention with ``set_attention`` (``attention/switch/hf/``) right after building. The config the model
 was built with is stored in the hyperparameters as a plain dict (``built_config``), so the Lightning checkpoint
 rebuilds the model without the folder and stays ``weights_only``-loadable. ``set_attention``'s probe forward runs
-on the first training samples; with ``calibrate_attention`` it also fits per-head temperatures there (once, on the
-weights just loaded: a model rebuilt from a checkpoint takes the calibrated weights from it).
+on the first training samples; the base's ``convert`` step converts pretrained softmax weights there (once, on the
+weights just loaded: a model rebuilt from a checkpoint takes the converted weights from it), and ``lora`` trains
+peft adapters instead of the whole model.
 
 Data (``data/text.py``): batches are the tokenizer's dicts (``input_ids``, ``attention_mask``...) plus
 ``labels`` for classification. The data's tokenizer is checked against the model (vocabulary size, padding
 id) and its lengths against the model's positions.
 
 Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weights after the test that ends
-``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder; its
-``config.json`` carries the activation (``polyattn_attention``) and
+``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder (LoRA adapters merged
+into the weights: it loads without peft); its ``config.json`` carries the activation (``polyattn_attention``) and
 :func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it back switched to it.
 
 transformers is imported only when a model is built.
@@ -35,7 +36,9 @@ from torch.utils.data import default_collate
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..attention import ActivationSpec, attention_modules
+from ..attention import ActivationSpec
+from ..conversion import ConvertRecipe
+from ..conversion.lora import LoraRecipe, is_lora, merged
 from ..errors import ConfigError
 from ..models.hf_pretrained import (
     check_tokenizer,
@@ -47,10 +50,10 @@ from ..models.hf_pretrained import (
     resolve_folder,
 )
 from ..sharding import full_state_dict, plain_class
-from .base import TaskModule, logits_evaluation
+from .base import TaskModule, from_deprecated_calibrate, logits_evaluation
 from .optim import OptimRecipe
 
-#: Training samples in the probe batch that set_attention runs (and calibrates on).
+#: Training samples in the probe batch that set_attention runs.
 PROBE_SAMPLES = 16
 #: AdamW at a fine-tuning rate, short linear warmup and decay; no batch scaling.
 HF_OPTIM = OptimRecipe(
@@ -81,7 +84,7 @@ class HFTask(TaskModule):
                 "give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
                 "(a model from a config), not both"
             )
-        # a checkpoint's hyperparameters carry built_config: its weights replace these, calibrated once already
+        # a checkpoint's hyperparameters carry built_config: its weights replace these, converted once already
         self.fresh_weights = hp.built_config is None
         if hp.built_config is not None or hp.hf_config is not None:  # a checkpoint's config, or a new model
             key = "built_config" if hp.built_config is not None else "model.init_args.hf_config"
@@ -108,8 +111,8 @@ class HFTask(TaskModule):
 
     def attention_options(self) -> dict[str, Any]:
         """``set_attention``'s probe: the first :data:`PROBE_SAMPLES` training samples when the data is attached
-        (else its default tokens); ``calibrate`` with ``calibrate_attention``, on weights no checkpoint replaces."""
-        options = {"calibrate": bool(self.hparams.calibrate_attention) and self.fresh_weights}
+        (else its default tokens)."""
+        options = {}
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         dataset = getattr(datamodule, "train_set", None)
         self.probe_source = "the default probe tokens"
@@ -122,25 +125,17 @@ class HFTask(TaskModule):
             self.probe_source = f"the first {samples} training samples"
         return options
 
-    def configure_model(self) -> None:
-        """The base's, then one line saying what ``calibrate_attention`` calibrated (it changes weights)."""
-        calibrating = not self.built and bool(self.hparams.calibrate_attention)
-        super().configure_model()
-        if not calibrating:
-            return
-        if not self.fresh_weights:
-            rank_zero_info("calibrate_attention: not run, the checkpoint's weights are calibrated already")
-            return
-        layers = len(attention_modules(self.model))
-        rank_zero_info(
-            f"calibrate_attention: one temperature per head of the {layers} attention layers, fitted on "
-            f"{self.probe_source} (the head's {self.hparams.attention} output nearest its softmax output) and "
-            "folded into the query projections"
-        )
-
     def config_overrides(self) -> dict[str, Any]:
         """Config values the data determines (class count and names, vocabulary)."""
         return {}
+
+    def weights_from_checkpoint(self) -> bool:
+        """Also a model built from a checkpoint's ``built_config`` (its weights are that checkpoint's)."""
+        return super().weights_from_checkpoint() or not getattr(self, "fresh_weights", True)
+
+    def conversion_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The model's keyword arguments: the tokenizer's entries, without ``labels``."""
+        return {key: value for key, value in batch.items() if key != "labels"}
 
     def check_fit(self, datamodule) -> None:
         """The data's tokenizer and sequence length against the model just built."""
@@ -178,14 +173,15 @@ class HFTask(TaskModule):
         """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, by global
         rank 0; every rank calls it (a sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
-        state = full_state_dict(self.model)
+        model = merged(self.model) if is_lora(self.model) else self.model  # LoRA: a merged copy, loads without peft
+        state = full_state_dict(model)
         if self._trainer is not None and not self.trainer.is_global_zero:
             return folder
-        self.model.save_pretrained(folder, state_dict=state)
-        architecture = plain_class(self.model).__name__
-        if self.model.config.architectures != [architecture]:  # FSDP2's subclass (FSDPLlamaForCausalLM)
-            self.model.config.architectures = [architecture]
-            self.model.config.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state)
+        architecture = plain_class(model).__name__
+        if model.config.architectures != [architecture]:  # FSDP2's subclass (FSDPLlamaForCausalLM)
+            model.config.architectures = [architecture]
+            model.config.save_pretrained(folder)
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
@@ -206,7 +202,9 @@ class HFSequenceClassification(HFTask):
         model: str | None = None,
         hf_config: dict[str, Any] | None = None,
         attention: ActivationSpec = "softmax",
-        calibrate_attention: bool = False,
+        convert: ConvertRecipe = ConvertRecipe(),
+        lora: LoraRecipe | None = None,
+        calibrate_attention: bool | None = None,
         num_classes: int | None = None,
         classes: list[str] | None = None,
         optim: OptimRecipe = HF_OPTIM,
@@ -220,10 +218,13 @@ class HFSequenceClassification(HFTask):
                 encoder is kept and a new classification head is added.
             hf_config: instead of ``model``, a config mapping with ``model_type`` (random init).
             attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
-            calibrate_attention: when switching pretrained softmax weights to another activation, first fold a
-                temperature per head into the query weights, fitted on the first training samples so that each
-                layer starts nearest to its softmax output (``set_attention(..., calibrate=True)``; without it the
-                MiniLM does not fine-tune into ``x^3``, configs/README.md). Done once: a checkpoint holds the result.
+            convert: converting the pretrained softmax weights to ``attention`` before fine-tuning, on the first
+                ``samples`` training samples: ``method: transfer`` (attention transfer, the default choice) or
+                ``calibrate`` (a temperature per head); once: a checkpoint holds the result (configs/README.md).
+            lora: LoRA adapters (peft, ``[lora]``) on every attention's q/k/v/o layers instead of full
+                fine-tuning, e.g. ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters (and a new
+                classification head) train; ``export_dir`` writes the merged model.
+            calibrate_attention: deprecated: ``convert: {method: calibrate}``.
             num_classes, classes: None takes the data's (the training labels in sorted order); saved with the
                 checkpoint and in the exported config (``id2label``).
             optim: optimizer and schedule.
@@ -233,6 +234,7 @@ class HFSequenceClassification(HFTask):
         """
         super().__init__()
         self.save_hyperparameters()
+        from_deprecated_calibrate(self.hparams)
         self.model = None
         self.build_if_known()
 
@@ -251,6 +253,11 @@ class HFSequenceClassification(HFTask):
     def build(self) -> None:
         super().build()
         self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(self.hparams.num_classes, average="micro")}))
+
+    def lora_trainable(self) -> list[torch.nn.Module]:
+        """The new classification head: every part of the model outside its pretrained base model."""
+        prefix = self.model.base_model_prefix
+        return [module for name, module in self.model.named_children() if name != prefix]
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         loss = torch.nn.functional.cross_entropy(self(batch), batch["labels"])
@@ -282,7 +289,9 @@ class HFCausalLM(HFTask):
         model: str | None = None,
         hf_config: dict[str, Any] | None = None,
         attention: ActivationSpec = "softmax",
-        calibrate_attention: bool = False,
+        convert: ConvertRecipe = ConvertRecipe(),
+        lora: LoraRecipe | None = None,
+        calibrate_attention: bool | None = None,
         vocab_size: int | None = None,
         optim: OptimRecipe = HF_OPTIM,
         test_after_fit: bool = True,
@@ -291,12 +300,13 @@ class HFCausalLM(HFTask):
     ):
         """
         Args:
-            model, hf_config, attention, calibrate_attention, optim, test_after_fit, export_dir, built_config: as for
-                :class:`HFSequenceClassification`.
+            model, hf_config, attention, convert, lora, calibrate_attention, optim, test_after_fit, export_dir,
+                built_config: as for :class:`HFSequenceClassification`.
             vocab_size: None takes the data's (its tokenizer's size); a model from ``hf_config`` is built with it.
         """
         super().__init__()
         self.save_hyperparameters()
+        from_deprecated_calibrate(self.hparams)
         self.model = None
         self.build_if_known()
 

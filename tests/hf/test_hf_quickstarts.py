@@ -49,11 +49,11 @@ def test_minilm_quickstart_fine_tunes_above_the_majority_class(tmp_path, monkeyp
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
 
 
-def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch, caplog):
-    """The x^3 fine-tune (per-head temperatures calibrated first) for 30 steps, as the softmax one above; the
-    checkpoint holds the calibrated weights: rebuilt from it (no second calibration) it gives the same logits.
+def test_minilm_quickstart_converted_to_poly3_fine_tunes_above_the_majority_class(tmp_path, monkeypatch, caplog):
+    """The x^3 fine-tune (attention transfer first, shortened to 20 steps) for 30 steps, as the softmax one above;
+    the checkpoint holds the converted weights: rebuilt from it (no second conversion) it gives the same logits.
     transformers' LOAD REPORT (the new head's ``classifier.weight | MISSING``) comes without terminal escape codes,
-    and one line names what ``calibrate_attention`` changed."""
+    and one line says what the convert step changed."""
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)  # transformers colours for terminals
     transformers_logger = logging.getLogger("transformers")
     transformers_logger.addHandler(caplog.handler)  # it does not propagate to the root logger
@@ -61,18 +61,21 @@ def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_c
         with caplog.at_level("INFO"):
             run = fit(tmp_path, monkeypatch, "minilm_poly3.yaml", "--trainer.max_epochs", "1",
                       "--trainer.limit_train_batches", "30", "--data.train_size", "480", "--data.val_size", "100",
-                      "--data.test_size", "100")
+                      "--data.test_size", "100", "--model.init_args.convert.steps", "20")
     finally:
         transformers_logger.removeHandler(caplog.handler)
     messages = [record.getMessage() for record in caplog.records]
     [report] = [message for message in messages if "LOAD REPORT" in message]
     assert "classifier.weight" in report and "MISSING" in report and "\x1b" not in report
-    [line] = [message for message in messages if message.startswith("calibrate_attention:")]
-    assert "one temperature per head of the 6 attention layers, fitted on the first 16 training samples" in line
+    [line] = [message for message in messages if message.startswith("convert transfer to poly3:")]
+    assert "6 layers, median layer error" in line and "folded" in line
     assert run.trainer.callback_metrics["test/top1"].item() > 0.6
     [best] = (tmp_path / "runs" / "hf" / "minilm_poly3" / "version_0" / "checkpoints").glob("best-*.ckpt")
-    hyperparameters = torch.load(best, weights_only=True)["hyper_parameters"]
-    assert hyperparameters["attention"] == "poly3" and hyperparameters["calibrate_attention"] is True
+    saved = torch.load(best, weights_only=True)
+    hyperparameters = saved["hyper_parameters"]
+    assert hyperparameters["attention"] == "poly3" and hyperparameters["convert"]["method"] == "transfer"
+    report = saved["polyattn_conversion"]
+    assert max(report["error_after"]) < min(report["error_before"])  # every layer nearer its softmax output
     assert hyperparameters["built_config"]["model_type"] == "bert"
     restored = HFSequenceClassification.load_from_checkpoint(best, weights_only=True).eval()
     batch = run.datamodule.collate_fn([run.datamodule.val_set[i] for i in range(8)])
@@ -85,16 +88,28 @@ def test_minilm_quickstart_calibrated_into_poly3_fine_tunes_above_the_majority_c
 TEST_LAYERS = 2
 
 
+def export_teacher(folder: Path, *data_args: str) -> None:
+    """What ``configs/hf/convert/`` starts from, tiny: the softmax Llama quickstart's model (untrained) and tokenizer,
+    saved as its ``export_dir`` would."""
+    run = built(HF / "tiny_llama_softmax.yaml", *data_args)
+    run.model.model.save_pretrained(folder)
+    run.datamodule.tokenizer.save_pretrained(folder)
+
+
 @pytest.mark.parametrize("path", experiment_configs(HF), ids=lambda p: p.stem)
 def test_experiment_config_builds(tmp_path, monkeypatch, path: Path):
     """Model and data built through the CLI as ``fit`` would, on small generated sets written under ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
-    hf_config = yaml.safe_load(path.read_text())["model"]["init_args"].get("hf_config")
+    data_args = ("--data.root", str(tmp_path / "data"), "--data.train_size", "64", "--data.val_size", "16",
+                 "--data.test_size", "16")
+    init_args = yaml.safe_load(path.read_text())["model"]["init_args"]
+    folder, hf_config = init_args.get("model"), init_args.get("hf_config")
+    if folder is not None and not str(folder).startswith("package:"):  # a softmax teacher exported by another run
+        export_teacher(tmp_path / folder, *data_args)
     shrink = []
     if hf_config and hf_config.get("num_hidden_layers", 0) > TEST_LAYERS:
         shrink = ["--model.init_args.hf_config", json.dumps({**hf_config, "num_hidden_layers": TEST_LAYERS})]
-    run = built(path, "--data.root", str(tmp_path / "data"), "--data.train_size", "64", "--data.val_size", "16",
-                "--data.test_size", "16", *shrink)
+    run = built(path, *data_args, *shrink)
     model, data = run.model.model, run.datamodule
     assert model.get_input_embeddings().num_embeddings >= len(data.tokenizer)
     if data.num_classes is not None:  # sequence classification: a head of the data's classes

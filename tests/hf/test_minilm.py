@@ -10,6 +10,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from transformers import AutoModel
 
+    from polyattn_lightning import convert
     from polyattn_lightning.attention import attention_modules, set_attention
     from polyattn_lightning.models.hf_pretrained import load_tokenizer, model_folder
 
@@ -26,7 +27,7 @@ SCRIPT = textwrap.dedent("""
         set_attention(model, "poly3")
         poly3 = model(**batch).last_hidden_state
         calibrated = AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa").eval()
-        set_attention(calibrated, "poly3", probe=batch, calibrate=True)
+        convert(calibrated, "poly3", [batch], method="calibrate")
         calibrated = calibrated(**batch).last_hidden_state
     torch.testing.assert_close(softmax[real], expected[real], atol=1e-5, rtol=1e-5)
     assert (poly3[real] - expected[real]).abs().max() > 1e-2

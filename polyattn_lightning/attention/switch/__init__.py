@@ -54,9 +54,14 @@ def set_attention(
             from the model (timm: an image at the size it was built for, skipped where it keeps none; HF: inputs
             from its config); False skips it (timm only). A given probe that fails on the model as built is a
             :class:`~.timm.ProbeInputError` naming the class: the input does not fit the model.
-        calibrate: HF models only: fold a temperature per head into the query weights so that each layer
-            starts nearest to its softmax output on the probe's inputs (``hf/calibration.py``).
+        calibrate: removed: converting a pretrained softmax model (calibration, attention transfer) is
+            ``polyattn_lightning.convert(model, activation, samples, method=...)``; True is an error saying so.
     """
+    if calibrate:
+        raise ConfigError(
+            "set_attention(calibrate=True) moved: call polyattn_lightning.convert(model, activation, samples, "
+            "method='calibrate') (or method='transfer', which keeps more of the pretrained model)"
+        )
     if _is_hf_model(model):
         from .hf import set_attention as set_hf_attention
 
@@ -65,9 +70,7 @@ def set_attention(
                 f"{type(model).__name__}: a Hugging Face model is switched whole, after its probe "
                 "forward; strict=False and probe=False are for timm models"
             )
-        return set_hf_attention(model, activation, probe=None if probe is True else probe, calibrate=calibrate)
-    if calibrate:
-        raise ConfigError(f"{type(model).__name__}: calibrate=True is for Hugging Face transformers models")
+        return set_hf_attention(model, activation, probe=None if probe is True else probe)
     from .timm import set_attention as set_timm_attention
 
     return set_timm_attention(model, activation, strict=strict, probe=probe)

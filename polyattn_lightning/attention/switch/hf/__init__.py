@@ -22,9 +22,8 @@ one of them and no softmax or SDPA call is left inside an attention layer. The m
 are then given the project's :class:`~polyattn_lightning.attention.switch.base.SwitchedAttention` mixin
 (their class is swapped for a subclass; HF's ``forward`` and parameters are untouched), so the diagnostics'
 ``capture`` contract holds: ``attention_modules`` lists them in forward order and ``capture`` gets what
-``attention()`` is given. ``calibrate=True`` runs one more probe forward, with softmax, and folds a temperature
-per head into the query weights (``calibration.py``): what makes a pretrained softmax model fine-tune into
-``x^3`` (configs/README.md).
+``attention()`` is given. Converting a pretrained softmax model without losing what it learned (calibration,
+attention transfer) is :func:`polyattn_lightning.convert`'s (``polyattn_lightning/conversion/``).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
@@ -45,10 +44,9 @@ from transformers import PreTrainedModel
 
 from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
-from ..base import AttentionInputs, SwitchedAttention
+from ..base import SwitchedAttention
 from ..recorder import SoftmaxCall, softmax_calls
 from . import interface
-from .calibration import fold_temperatures
 from .families import adapter_for
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
@@ -70,26 +68,20 @@ def set_attention(
     activation: ActivationSpec,
     *,
     probe: Mapping | Callable[[], object] | None = None,
-    calibrate: bool = False,
 ) -> int:
     """Switch every attention layer of an HF ``PreTrainedModel`` to ``activation``; returns how many.
 
     Args:
         model: a ``transformers`` model (the README's Hugging Face table lists the families and their state).
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
-        probe: the forward that shows every layer is switched (and that ``calibrate`` measures): a mapping of
+        probe: the forward that shows every layer is switched: a mapping of
             ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for timm models,
             a callable running one forward of ``model``; None builds inputs from the model's config (text,
-            image, video, waveform, log-mel features, image + text: ``probe.py``). A batch of real inputs
-            (e.g. training data) gives ``calibrate`` real scores to measure.
-        calibrate: also fold one temperature per head into the query projections, chosen so that each layer's
-            output starts nearest to the softmax output of the weights it was given
-            (:mod:`~polyattn_lightning.attention.switch.hf.calibration`): once, when switching a pretrained softmax
-            model.
+            image, video, waveform, log-mel features, image + text: ``probe.py``).
 
     Raises :class:`ConfigError`, leaving the model as it was, when an attention layer is neither reached through
     transformers' ``AttentionInterface`` nor has an adapter, still computes softmax, has a configuration its
-    adapter refuses, or (``calibrate``) has no query projection to fold the temperatures into.
+    adapter refuses.
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
@@ -110,8 +102,6 @@ def set_attention(
         state = Probe(PROBE_ACTIVATION)
         left = _run_probe(model, run, state, [m for _, m, _ in adapted], default=probe is None)
         found = _check_every_layer(model, state.calls, left)
-        if calibrate:  # every check before a weight changes: a refusal leaves the model as it was
-            fold_temperatures(found, _softmax_inputs(model, run, [m for _, m, _ in adapted]), activation)
     except BaseException:
         for restore in reversed(undo):
             restore()
@@ -201,16 +191,6 @@ def _run_probe(
                 module.__dict__.pop("activation_spec", None)
             else:
                 module.activation_spec = spec
-
-
-def _softmax_inputs(
-    model: PreTrainedModel, run: Callable[[], object], adapted: list[nn.Module]
-) -> dict[int, AttentionInputs]:
-    """What each attention module attends in a softmax forward of ``run`` (its first call), by module id."""
-    recorded: dict[int, AttentionInputs] = {}
-    capture = Probe("softmax", capture=lambda module, inputs: recorded.setdefault(id(module), inputs))
-    _run_probe(model, run, capture, adapted)
-    return recorded
 
 
 def _check_every_layer(model: PreTrainedModel, calls: dict[int, int], left: list[SoftmaxCall]) -> list[nn.Module]:

@@ -1,0 +1,154 @@
+"""Converting a pretrained softmax model to another attention without losing what it learned: one call.
+
+``convert(model, "poly3", samples, method="transfer")`` switches a timm or Hugging Face model through the one
+door, :func:`~polyattn_lightning.attention.set_attention`, and converts it in place on ``samples`` (an iterable of
+the model's own input batches: tensors for timm, dicts of tensors for HF), returning a :class:`ConversionReport`.
+The methods (configs/README.md measures them on three pretrained models):
+
+* ``none``: switched as it is (the report still measures each layer against softmax);
+* ``calibrate`` (:mod:`.calibrate`): one temperature per head from a grid, folded into the queries; cheap, but
+  for x^p, relu and poly1 it can only rescale a head's output, never change its pattern;
+* ``transfer`` (:mod:`.transfer`): layer-local attention transfer: each layer's query and key projections (LoRA
+  by default) and a factor per head trained to give the softmax layer's output on its own inputs, then folded
+  (:mod:`.folding`): no new parameter, the same state-dict keys.
+
+Fine-tuning after the conversion, in full or with LoRA adapters (:mod:`.lora`, peft), is the tasks' (their
+``convert`` and ``lora`` options, ``tasks/base.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from torch import nn
+
+from ..attention.registry import ActivationSpec, get_activation
+from ..attention.switch import AttentionInputs, attention_modules, set_attention
+from ..checkpoint import checkpoint_safe
+from ..errors import ConfigError
+from .calibrate import calibrate
+from .folding import Edits, Projections, find_projections, fold, library_class
+from .report import ConversionReport
+from .teacher import Batch, Layer, layer_errors, quiet, record
+from .transfer import Student, TransferOptions
+
+#: The conversion methods, cheapest first.
+METHODS = ("none", "calibrate", "transfer")
+
+
+@checkpoint_safe
+@dataclass
+class ConvertRecipe(TransferOptions):
+    """A task's ``convert`` option: the method, how many training samples it runs on (in batches of
+    ``batch_size``, None: the data's) and the transfer's options (:class:`~.transfer.TransferOptions`)."""
+
+    method: str = "none"
+    samples: int = 64
+    batch_size: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.method not in METHODS:
+            raise ConfigError(f"convert.method: {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.samples < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise ConfigError(f"convert.samples and convert.batch_size must be at least 1, got {self.samples}, "
+                              f"{self.batch_size}")  # fmt: skip
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The transfer's options, as :func:`convert` takes them."""
+        return {f.name: getattr(self, f.name) for f in fields(TransferOptions)}
+
+
+def convert(
+    model: nn.Module, spec: ActivationSpec, samples: Iterable[Batch], method: str = "transfer", **options: Any
+) -> ConversionReport:
+    """Switch ``model`` to ``spec`` and convert it in place on ``samples`` (see the module docstring).
+
+    ``options`` are ``transfer``'s (:class:`~.transfer.TransferOptions`: ``qk``, ``rank``, ``lr``, ``steps``,
+    ``patience``, ``min_delta``, ``layers_per_pass``, ``seed``). Refusals (:class:`ConfigError`: a module whose
+    projections a method cannot edit, a temperature that cannot fold) come before any weight changes.
+    """
+    begin = time.perf_counter()
+    if method not in METHODS:
+        raise ConfigError(f"convert: method {method!r} is not one of {', '.join(METHODS)}")
+    if options and method != "transfer":
+        raise ConfigError(f"convert: {', '.join(sorted(options))} are options of method=transfer, not {method}")
+    transfer_options = TransferOptions(**options)
+    get_activation(spec)
+    samples = list(samples)
+    if not samples:
+        raise ConfigError("convert: samples is empty; give at least one batch of the model's inputs")
+    set_attention(model, spec, probe=_probe(model, samples[0]))
+    layers, projections = attention_layers(model, samples[0], need_projections=method != "none")
+    before = layer_errors(model, layers, samples, None)
+    report = dict(error_start=None, temperatures=None, gains=None, transfer={})
+    edits = Edits()
+    if method == "calibrate":
+        report["temperatures"] = [t.tolist() for t in calibrate(model, layers, projections, spec, samples, edits)]
+    elif method == "transfer":
+        student = Student(model, layers, projections, spec, transfer_options, samples)
+        edits = student.edits
+        report["error_start"] = layer_errors(model, layers, samples, edits.set_enabled)
+        result = student.fit(samples)
+        report.update(gains=result.gains, temperatures=result.temperatures)
+        report["transfer"] = {
+            **{k: v for k, v in asdict(result).items() if k not in ("gains", "temperatures")},
+            "qk": transfer_options.qk,
+            "rank": transfer_options.rank,
+        }
+    # against the teacher's own weights (the edits off): folded, the softmax model is no longer the teacher
+    after = layer_errors(model, layers, samples, edits.set_enabled) if edits.edits else before
+    fold(edits)
+    return ConversionReport(
+        method=method,
+        activation=spec if isinstance(spec, (str, dict)) else str(spec),
+        layers=[layer.name for layer in layers],
+        error_before=before,
+        error_after=after,
+        samples=sum(_count(batch) for batch in samples),
+        seconds=time.perf_counter() - begin,
+        **report,
+    )
+
+
+def _probe(model: nn.Module, batch: Batch):
+    """set_attention's probe: the batch's keyword arguments for an HF model, a forward on it for a timm one."""
+    return dict(batch) if isinstance(batch, Mapping) else (lambda: model(batch))
+
+
+def _count(batch: Batch) -> int:
+    first = next(iter(batch.values())) if isinstance(batch, Mapping) else batch
+    return int(first.shape[0])
+
+
+def attention_layers(
+    model: nn.Module, batch: Batch, need_projections: bool = True
+) -> tuple[list[Layer], list[Projections]]:
+    """Every switched attention layer of ``model`` and, when a method edits them, its projections (heads and
+    head size read from what it attends in a softmax forward of ``batch``)."""
+    modules = attention_modules(model)
+    layers = [Layer(name, module) for name, module in modules]
+    shapes: dict[int, AttentionInputs] = {}
+    with quiet(model):
+        record(model, layers, batch, capture=lambda index, inputs: shapes.setdefault(index, inputs))
+    projections = []
+    for index, layer in enumerate(layers):
+        if index not in shapes:
+            raise ConfigError(f"convert: {layer.name} ({library_class(layer.module)}) attended nothing on the samples")
+        q = shapes[index].q
+        try:
+            found = find_projections(model, layer.module, heads=q.shape[1], head_dim=q.shape[-1])
+        except ConfigError:
+            if need_projections:
+                raise
+            continue  # method=none compares the module's own output
+        layer.outer_output = found.outer_output
+        projections.append(found)
+    return layers, projections
+
+
+__all__ = ["METHODS", "ConversionReport", "ConvertRecipe", "attention_layers", "convert"]

@@ -1,0 +1,284 @@
+"""``method="transfer"``: layer-local attention transfer (stage 1 of LoLCATs, arXiv 2410.10254), then folded.
+
+The teacher is the model with softmax (:mod:`.teacher`): each step, it runs once on a sample batch with hooks
+that record every attention layer's inputs and outputs. The student is the same layers with the new activation
+and a few trainable edits (:mod:`.folding`), each run on the teacher's own inputs, so the layers are independent;
+the loss is the sum over layers of their relative squared errors (``sum ||student - softmax||^2 / sum
+||softmax||^2``, so layers of any width weigh alike; LoLCATs' MSE times 1000 is the same idea). What trains:
+
+* the query and key projections, which decide attention's pattern (``qk="lora"``: a rank-``rank`` delta on the
+  query rows and on the key rows, fused projections included; ``"full"``: full deltas; ``"none"``: the
+  factor-only ablation);
+* one factor per head: for x^p, relu and poly1 (``phi(t S) = t^p phi(S)``) the head's output gain, folded into
+  the output projection's input slice of that head, started at its closed-form least-squares value ``<phi(S) v,
+  softmax(S) v> / ||phi(S) v||^2`` (any sign); for other activations (softplus, sigmoid) a temperature on the
+  head's queries (started at calibration's grid value, kept positive) and the output gain.
+
+Adam at ``lr``, one pass over the samples per epoch, until the epoch's loss stops falling by ``min_delta``
+(relative) for ``patience`` epochs, or ``steps``. Memory is one batch of recorded layer inputs, and
+``layers_per_pass`` bounds the layers trained (and recorded) at once for big models. At the end every edit is
+folded (:func:`~.folding.fold`): the converted model has no new parameter, the same state-dict keys, and computes
+exactly what the trained student did.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.registry import ActivationSpec, get_activation
+from ..attention.switch import AttentionInputs, attention_map
+from ..errors import ConfigError
+from .calibrate import TEMPERATURES, temperature_errors
+from .folding import Edits, Factor, Full, LowRank, Projections, fold, scale_queries
+from .teacher import Batch, Layer, layer_output, quiet, record, squared_errors, token_weights
+
+#: ``qk`` values: what of the query and key projections trains.
+QK_MODES = ("lora", "full", "none")
+
+
+@dataclass
+class TransferOptions:
+    """How the student trains (:mod:`.transfer`'s docstring)."""
+
+    qk: str = "lora"
+    rank: int = 8
+    lr: float = 1e-3
+    steps: int = 300
+    patience: int = 3
+    min_delta: float = 0.001
+    layers_per_pass: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.qk not in QK_MODES:
+            raise ConfigError(f"convert.qk: {self.qk!r} is not one of {', '.join(QK_MODES)}")
+        for name in ("rank", "steps", "patience"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"convert.{name} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"convert.lr must be positive, got {self.lr}")
+        if self.layers_per_pass is not None and self.layers_per_pass < 1:
+            raise ConfigError(f"convert.layers_per_pass must be at least 1 (or null: all), got {self.layers_per_pass}")
+
+
+def homogeneous_degree(spec: ActivationSpec) -> int | None:
+    """``p`` where ``phi(t S) = t^p phi(S)`` for ``t > 0`` (x^p: p; relu: 1), None for other activations."""
+    act = get_activation(spec)
+    if act.shift is not None or not act.kernel:
+        return None
+    if act.kernel[0] == "poly":
+        return int(act.kernel[1])
+    return 1 if act.kernel[0] == "relu" else None
+
+
+class HeadGain(nn.Module):
+    """A head's output gain ``g`` for a homogeneous activation of degree ``p``, where it is trained and folded.
+
+    Where the queries can be scaled per head (no shared q-norm, no clamp) it lives there, as the temperature
+    ``|g|^(1/p)`` (``phi(t S) = t^p phi(S)``), with only its sign on the output projection; else (Qwen3) on the
+    output projection's columns. Why not always the output: a gain of ~0.003 there (the tiny Llama's x^3 heads)
+    leaves columns ~300x smaller than the rest, on which Adam's first steps of a fine-tune (a fixed size per
+    entry) are 100% changes: 1.10x the teacher's perplexity right after the transfer, 37x after one step.
+    """
+
+    def __init__(self, start: Tensor, degree: int | None):
+        super().__init__()
+        self.degree = degree
+        if degree is None:
+            self.temperature, self.output = None, Factor(start, positive=False)
+        else:
+            sign = torch.where(start < 0, -1.0, 1.0).to(start)
+            self.temperature = Factor(start.abs().clamp_min(1e-12) ** (1.0 / degree), positive=True)
+            self.output = Factor(sign, positive=False, trainable=False)
+
+    def forward(self) -> Tensor:
+        """The gain on the head's output."""
+        if self.temperature is None:
+            return self.output()
+        return self.output() * self.temperature() ** self.degree
+
+
+@dataclass
+class TransferResult:
+    """What the transfer did: the factors it folded, the steps it took, why it stopped."""
+
+    gains: list[list[float]]
+    temperatures: list[list[float]] | None
+    steps: int
+    epochs: int
+    stopped: str  # "plateau" or "steps"
+    trainable: int
+    seconds: float
+
+
+class Student:
+    """The edits of one transfer on every layer (see the module docstring); :meth:`fit`, then :meth:`fold`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[Layer],
+        projections: Sequence[Projections],
+        spec: ActivationSpec,
+        options: TransferOptions,
+        samples: Sequence[Batch],
+    ):
+        self.model, self.layers, self.spec, self.options = model, list(layers), spec, options
+        degree = homogeneous_degree(spec)
+        for found in projections:
+            if found.output is None:
+                raise ConfigError(f"convert: {found.output_refusal}, so transfer cannot fold a per-head gain")
+        if degree is None:
+            refused = [p.temperature_refusal for p in projections if p.temperature_refusal is not None]
+            if refused:
+                raise ConfigError(
+                    f"convert: {get_activation(spec).name} is not homogeneous, so its per-head temperature must fold "
+                    f"into the queries, but {refused[0]}; use poly3, relu or poly1, or another model"
+                )
+        temperatures = self._start_temperatures(samples) if degree is None else None
+        gains = self._start_gains(samples, temperatures)
+        generator = torch.Generator().manual_seed(options.seed)
+        self.edits = Edits()
+        self.gains: list[HeadGain] = []
+        self.temperatures: list[Factor] = []
+        for index, found in enumerate(projections):
+            gain = HeadGain(gains[index], degree if found.temperature_refusal is None else None)
+            if gain.temperature is not None:  # the gain as |g|^(1/p) on the queries, its sign on the output
+                scale_queries(self.edits, found, gain.temperature)
+            self.edits.on(found.output).add(found.output, scale=(gain.output, found.head_dim))
+            self.gains.append(gain)
+            if temperatures is not None:
+                self.temperatures.append(Factor(temperatures[index], positive=True))
+                scale_queries(self.edits, found, self.temperatures[-1])
+            for block in (found.query, found.key):
+                delta = _delta(block, options, generator)
+                if delta is not None:
+                    self.edits.on(block).add(block, delta=delta)
+
+    # ---- starting values ----------------------------------------------------------------------
+
+    def _captured(self, samples: Sequence[Batch], reduce) -> list:
+        """``reduce(index, inputs, accumulated)`` over what every layer attends in softmax forwards of ``samples``."""
+        totals: list = [None] * len(self.layers)
+
+        def add(index: int, inputs: AttentionInputs) -> None:
+            totals[index] = reduce(index, inputs, totals[index])
+
+        with quiet(self.model):
+            for batch in samples:
+                record(self.model, self.layers, batch, capture=add)
+        return totals
+
+    def _start_temperatures(self, samples: Sequence[Batch]) -> list[Tensor]:
+        grids = self._captured(
+            samples, lambda i, inputs, total: temperature_errors(inputs, self.spec) + (0 if total is None else total)
+        )
+        return [TEMPERATURES[grid.argmin(dim=0)] for grid in grids]
+
+    def _start_gains(self, samples: Sequence[Batch], temperatures: list[Tensor] | None) -> list[Tensor]:
+        """Per head, the least-squares gain of ``phi(S) v`` (at the start temperature) onto ``softmax(S) v``."""
+
+        def reduce(index: int, inputs: AttentionInputs, total):
+            q = inputs.q.double()
+            if temperatures is not None:
+                q = q * temperatures[index].to(q)[:, None, None]
+            v = inputs.v.double()
+            student = attention_map(inputs._replace(q=q), self.spec).double() @ v
+            target = attention_map(inputs, "softmax").double() @ v
+            sums = torch.stack([(student * target).sum(dim=(0, 2, 3)), (student * student).sum(dim=(0, 2, 3))])
+            return sums if total is None else total + sums
+
+        sums = self._captured(samples, reduce)
+        return [torch.where(s[1] > 0, s[0] / s[1].clamp_min(1e-300), torch.zeros_like(s[0])) for s in sums]
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def loss(self, batch: Batch, layers: Sequence[int]) -> Tensor:
+        """The sum over ``layers`` (indices) of their relative squared errors on ``batch``."""
+        self.edits.set_enabled(False)
+        try:
+            calls = record(self.model, [self.layers[i] for i in layers], batch)
+        finally:
+            self.edits.set_enabled(True)
+        total = 0.0
+        for index, layer_calls in zip(layers, calls):
+            for call in layer_calls:
+                error, norm = squared_errors(
+                    layer_output(self.layers[index], call), call.target, token_weights(batch, call.target)
+                )
+                total = total + error / norm.clamp_min(1e-30)
+        return total
+
+    def fit(self, samples: Sequence[Batch]) -> TransferResult:
+        """Train until the loss plateaus or ``options.steps``, a chunk of ``layers_per_pass`` layers at a time."""
+        options, begin = self.options, time.perf_counter()
+        per_pass = options.layers_per_pass or len(self.layers)
+        steps = epochs = 0
+        stopped = "plateau"
+        trainable = sum(p.numel() for p in self.edits.parameters() if p.requires_grad)
+        with quiet(self.model, train=self.edits.parameters()):
+            for first in range(0, len(self.layers), per_pass):
+                chunk = list(range(first, min(first + per_pass, len(self.layers))))
+                params = [p for i in chunk for p in self._layer_parameters(i)]
+                optimizer = torch.optim.Adam(params, lr=options.lr)
+                best, waited, chunk_steps = math.inf, 0, 0
+                while chunk_steps < options.steps and waited < options.patience:
+                    epoch_loss = 0.0
+                    for batch in samples:
+                        loss = self.loss(batch, chunk)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        optimizer.step()
+                        epoch_loss += float(loss.detach())
+                        chunk_steps += 1
+                        if chunk_steps >= options.steps:
+                            break
+                    epochs += 1
+                    if epoch_loss < best * (1 - options.min_delta):
+                        best, waited = epoch_loss, 0
+                    else:
+                        waited += 1
+                steps += chunk_steps
+                if waited < options.patience:
+                    stopped = "steps"
+        return TransferResult(
+            gains=[g().detach().cpu().tolist() for g in self.gains],
+            temperatures=[t().detach().cpu().tolist() for t in self.temperatures] if self.temperatures else None,
+            steps=steps,
+            epochs=epochs,
+            stopped=stopped,
+            trainable=trainable,
+            seconds=time.perf_counter() - begin,
+        )
+
+    def _layer_parameters(self, index: int) -> list[nn.Parameter]:
+        """The trainable tensors of layer ``index``: the edits inside its module (or the projection after it)."""
+        layer = self.layers[index]
+        owners = [layer.module] + ([layer.outer_output] if layer.outer_output is not None else [])
+        inside = {id(p) for owner in owners for p in owner.parameters()}
+        return [p for p in self.edits.parameters() if id(p) in inside and p.requires_grad]
+
+    def set_enabled(self, enabled: bool) -> None:
+        self.edits.set_enabled(enabled)
+
+    def fold(self) -> None:
+        """Fold every edit into the weights it edits (exact) and drop the parametrizations."""
+        fold(self.edits)
+
+
+def _delta(block, options: TransferOptions, generator: torch.Generator) -> nn.Module | None:
+    """The trainable delta of a query or key block, as ``options.qk`` says (None: ``"none"``)."""
+    if options.qk == "lora":
+        return LowRank(block.rows, block.inputs, options.rank, generator, block.parameter)
+    if options.qk == "full":
+        return Full(block.rows, block.inputs, block.parameter)
+    return None
+
+
+__all__ = ["QK_MODES", "Student", "TransferOptions", "TransferResult", "homogeneous_degree"]
