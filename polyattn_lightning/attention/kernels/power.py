@@ -26,6 +26,8 @@ crossover``; :func:`~.base.crossover_length`).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import torch
@@ -158,6 +160,117 @@ def power_attention(q, k, v, act, t, allowed, n, causal=None) -> Tensor:
         return triton_power_attention(q, k, v, keep, s, float(t), power, causal)
     function = PowerAttentionCPU if causal is None else CausalPowerAttentionCPU
     return function.apply(q, k, v, keep, s, float(t), power, groups)
+
+
+# --------------------------------------------------------------------------- a recurrent state (decoding)
+#
+# A causal model generating with this form keeps, per kv head, the state ``S = sum_j w m(k_j) v_j^T``
+# (``D x dv``) and the number of keys folded into it, instead of every key and value: the next token's output
+# is ``c(n) m(q t) S`` once its own key is folded in. ``attention.switch.hf.cache`` keeps them for a
+# Hugging Face model. The functions below update a state in place; p = 1 (poly1) is here too (``m(x) = x``).
+
+#: ``Activation.scale`` -> the decode kernel's ``length_scale`` (0: the fixed value).
+LENGTH_SCALE_CODES = {"inv_sqrt_n": 1, "inv_n": 2}
+
+
+@functools.cache
+def monomials(d: int, p: int) -> tuple[Tensor, Tensor]:
+    """``(index (D, p), weight (D,))``: each monomial's coordinates ``e1 <= ... <= ep`` and multinomial count,
+    in the kernels' order (lexicographic). The state's rows follow it."""
+    index = torch.tensor(list(itertools.combinations_with_replacement(range(d), p)), dtype=torch.long)
+    counts = torch.stack([(index == e).sum(-1) for e in range(d)], dim=-1)  # multiplicity of each coordinate
+    weight = math.factorial(p) / torch.exp(torch.lgamma(counts.double() + 1).sum(-1))
+    return index.view(-1, p), weight.round()
+
+
+def features(x: Tensor, p: int, weighted: bool = False) -> Tensor:
+    """``m(x)`` (``w m(x)`` if ``weighted``): ``(..., d) -> (..., D)``, for a few rows (decoding, tests)."""
+    index, weight = monomials(x.shape[-1], p)
+    out = x[..., index.to(x.device)].prod(-1)
+    return out * weight.to(out) if weighted else out
+
+
+def state_size(d: int, p: int) -> int:
+    """Rows of the state: ``D`` (``d`` for p = 1)."""
+    return monomial_count(d, p)
+
+
+def fold(state: Tensor, count: Tensor, k: Tensor, v: Tensor, keep: Tensor, p: int) -> None:
+    """``state (B, Hkv, D, dv) += sum_j keep_j w m(k_j) v_j^T``, ``count (B, Hkv) += sum keep``, in place;
+    ``keep`` ``(B, N)``, 1 or 0 (left padding enters neither)."""
+    batch, kv_heads, n, _ = k.shape
+    dtype = state.dtype
+    keep = keep.to(dtype)
+    if state.device.type == "cpu" and load():
+        k3, v3 = flatten_heads(k, dtype), flatten_heads(v, dtype)
+        keep3 = keep[:, None].expand(batch, kv_heads, n).reshape(-1, n).contiguous()
+        q3 = k3.new_empty(batch * kv_heads, 0, k.shape[-1])
+        _, folded = torch.ops.polyattn_cpu.power_causal_forward(
+            q3, k3, v3, keep3, q3.new_empty(q3.shape[:2]), p, 1, n, chunk_size(k.shape[-1], p),
+            state.view(-1, *state.shape[2:]), True,
+        )
+        state.copy_(folded.view_as(state))
+    else:
+        kept = keep[:, None, :, None]
+        state += features(k.to(dtype) * kept, p, weighted=True).transpose(-2, -1) @ (v.to(dtype) * kept)
+    count += keep.sum(-1, keepdim=True)
+
+
+def step(q, k, v, keep, state: Tensor, count: Tensor, act, t: float) -> Tensor:
+    """The next ``Q`` tokens of a causal model over a state: fold their keys (causally: token i sees the state and
+    the new tokens up to i) and return their outputs ``(B, H, Q, dv)``; ``state``, ``count`` updated in place.
+
+    ``q`` ``(B, H, Q, d)``, ``k``, ``v`` ``(B, Hkv, Q, d / dv)``, ``keep`` ``(B, Q)`` 1/0. One token on CPU is
+    one pass over the state (``power_decode``); more (a prompt) the chunked causal kernel from the state.
+    """
+    batch, heads, rows, d = q.shape
+    kv_heads, p = k.shape[1], power_of(act)
+    dtype = state.dtype
+    groups = heads // kv_heads
+    if state.device.type == "cpu" and load():
+        q3 = flatten_heads(q, dtype) * t
+        k3, v3 = flatten_heads(k, dtype), flatten_heads(v, dtype)
+        keep = keep.to(dtype)
+        if rows == 1:
+            code = LENGTH_SCALE_CODES.get(act.scale, 0)
+            fixed = 1.0 if act.scale == "none" or code else float(act.scale)
+            keep3 = keep.expand(batch, kv_heads).reshape(-1).contiguous()
+            out = torch.ops.polyattn_cpu.power_decode(
+                q3, k3, v3, keep3, state.view(-1, *state.shape[2:]), count.view(-1), p, groups, code, fixed
+            )
+        else:
+            n = count[:, :1] + keep.cumsum(-1)  # (B, Q): the keys row i attends
+            s = act.row_scale(n)[:, None].expand(batch, heads, rows).reshape(-1, rows).contiguous()
+            keep3 = keep[:, None].expand(batch, kv_heads, rows).reshape(-1, rows).contiguous()
+            out, folded = torch.ops.polyattn_cpu.power_causal_forward(
+                q3, k3, v3, keep3, s, p, groups, 0, chunk_size(d, p), state.view(-1, *state.shape[2:]), True
+            )
+            state.copy_(folded.view_as(state))
+            count += keep.sum(-1, keepdim=True)
+        return out.view(batch, heads, rows, -1)
+    return _step_torch(q, k, v, keep, state, count, act, t)
+
+
+def _step_torch(q, k, v, keep, state, count, act, t) -> Tensor:
+    """:func:`step` in PyTorch (any device): chunks of queries, each over the state and its own causal tile."""
+    batch, heads, rows, d = q.shape
+    kv_heads, p, dtype = k.shape[1], power_of(act), state.dtype
+    groups, chunk = heads // kv_heads, chunk_size(d, p)
+    kept = keep.to(dtype)[:, None, :, None]
+    q = (q.to(dtype) * t).view(batch, kv_heads, groups, rows, d)
+    k, v = k.to(dtype) * kept, v.to(dtype) * kept
+    n = count[:, :1] + keep.to(dtype).cumsum(-1)
+    outs = []
+    for i0 in range(0, rows, chunk):
+        qc, kc, vc = q[..., i0 : i0 + chunk, :], k[:, :, i0 : i0 + chunk], v[:, :, i0 : i0 + chunk]
+        tile = (qc @ kc[:, :, None].transpose(-2, -1)).pow(p).tril()  # (B, Hkv, G, C, C): causal within
+        folded = state + features(kc, p, weighted=True).transpose(-2, -1) @ vc
+        out = features(qc, p) @ state[:, :, None] + tile @ vc[:, :, None]
+        state.copy_(folded)
+        outs.append(out)
+    out = torch.cat(outs, dim=-2).view(batch, heads, rows, -1)
+    count += keep.to(dtype).sum(-1, keepdim=True)
+    return out * act.row_scale(n)[:, None, :, None]
 
 
 # --------------------------------------------------------------------------- the backend

@@ -1,4 +1,4 @@
-// Exact linear-time x^p attention on CPU (p = 2..4):
+// Exact linear-time x^p attention on CPU (p = 2..4; p = 1, the coordinates as features, for a recurrent cache):
 //
 //     out_i = s_i * sum_j (q_i . k_j)^p v_j = s_i * m(q_i)^T S,    S = sum_j w * m(k_j) v_j^T   (D x dv)
 //
@@ -167,6 +167,10 @@ struct Problem {
   // features (D x c) of the transposed tokens xt (d x c); weighted by w for keys.
   void features(const T* xt, int64_t c, bool weighted, T* out, T* stack) const {
     const T* w = weighted ? weights.data() : nullptr;
+    if (p == 1) {  // the coordinates themselves (a recurrent cache of poly1)
+      std::copy(xt, xt + d * c, out);
+      return;
+    }
     for (int64_t e = 0; e < d; ++e) {
       const T* prefix = xt + e * c;
       switch (p) {
@@ -179,6 +183,10 @@ struct Problem {
   // dxt (d x c) = J^T g, g (D x c) the features' gradient.
   void features_grad(const T* xt, int64_t c, bool weighted, const T* g, T* dxt, T* stack) const {
     const T* w = weighted ? weights.data() : nullptr;
+    if (p == 1) {
+      std::copy(g, g + d * c, dxt);
+      return;
+    }
     std::fill(dxt, dxt + d * c, T(0));
     T *dprefix = stack, *rest = stack + c;
     for (int64_t e = 0; e < d; ++e) {
@@ -282,7 +290,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
            int64_t power, int64_t groups, int64_t chunk) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "power_cpu: q, k, v must be (B*H, N, d)");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "power_cpu: operands must be contiguous");
-  TORCH_CHECK(power >= 2 && power <= MAX_POWER, "power_cpu: the power must be 2..4, got ", power);
+  TORCH_CHECK(power >= 1 && power <= MAX_POWER, "power_cpu: the power must be 1..4, got ", power);
   TORCH_CHECK(groups >= 1 && q.size(0) == k.size(0) * groups, "power_cpu: q must have groups x k's heads");
   TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1) && q.size(2) == k.size(2),
               "power_cpu: k, v must be (B*Hkv, Nk, d / dv) and q (B*Hq, Nq, d)");
@@ -401,8 +409,8 @@ struct CausalChunk {
 
 template <typename T>
 T ipow(T x, int64_t p) {
-  T r = x;
-  for (int64_t i = 1; i < p; ++i) r *= x;
+  T r = T(1);
+  for (int64_t i = 0; i < p; ++i) r *= x;
   return r;
 }
 

@@ -18,6 +18,9 @@ head into the query weights (``calibration.py``): what makes a pretrained softma
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
 
+Generation: ``model.generate(ids, cache=RecurrentCache(model))`` keeps a fixed-size state per layer instead of keys
+and values once the context passes the crossover (``cache.py``).
+
 This package imports transformers; nothing else in the project does unless it is given an HF model.
 """
 
@@ -36,6 +39,7 @@ from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
 from ..base import AttentionInputs, SwitchedAttention
 from . import interface
+from .cache import RecurrentCache
 from .calibration import fold_temperatures
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
@@ -230,6 +234,7 @@ def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs
 __all__ = [
     "CONFIG_KEY",
     "IMPLEMENTATION",
+    "RecurrentCache",
     "load_pretrained",
     "polyattn_attention",
     "set_attention",

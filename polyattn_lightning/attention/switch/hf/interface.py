@@ -16,7 +16,8 @@ causal as HF's SDPA path assumes; only when more than one query row), grouped-qu
 passes 0 in eval), and the (B, L, H, D) output layout. A cached-generation step (a few query rows, no mask, no
 gradient) takes :func:`decode_step`, two products without the general path's per-call overhead. What it
 refuses, naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a
-non-softmax activation cannot take as they are meant.
+non-softmax activation cannot take as they are meant. Keys returned by a :class:`~.cache.RecurrentCache` layer go
+to that layer, which folds them into its state (``cache.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ...kernels.materialized import materialized
 from ...masks import causal_mask
 from ...registry import Activation, ActivationSpec, get_activation
 from ..base import AttentionInputs, Capture
+from .cache import layer_of
 from .masks import split_mask
 
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
@@ -95,6 +97,11 @@ def polyattn_attention(
     spec = _spec_of(module)
     q_len = query.shape[2]
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    layer = layer_of(key)
+    if layer is not None:  # keys from a RecurrentCache: the layer folds them in where the mask is known
+        args = (module, query, key, value, attention_mask, dropout, scaling, is_causal)
+        regular = lambda: polyattn_attention(*args, **kwargs)[0]  # noqa: E731 (the path below, for a KV layer)
+        return layer.attend(query, key, value, attention_mask, get_activation(spec), temperature, regular), None
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
