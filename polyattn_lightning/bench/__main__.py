@@ -7,9 +7,12 @@ import sys
 
 BENCHMARKS = {
     "attention": "attention",
+    "crossover": "crossover",
+    "decode": "decode",
     "detection": "detection",
     "diagnostics": "diagnostics",
     "hf": "hf",
+    "long-context": "long_context",
     "lra": "lra",
     "timm": "timm_models",
     "timm-support": "timm_support",

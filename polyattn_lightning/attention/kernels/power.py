@@ -206,8 +206,17 @@ def fold(state: Tensor, count: Tensor, k: Tensor, v: Tensor, keep: Tensor, p: in
         keep3 = keep[:, None].expand(batch, kv_heads, n).reshape(-1, n).contiguous()
         q3 = k3.new_empty(batch * kv_heads, 0, k.shape[-1])
         _, folded = torch.ops.polyattn_cpu.power_causal_forward(
-            q3, k3, v3, keep3, q3.new_empty(q3.shape[:2]), p, 1, n, chunk_size(k.shape[-1], p),
-            state.view(-1, *state.shape[2:]), True,
+            q3,
+            k3,
+            v3,
+            keep3,
+            q3.new_empty(q3.shape[:2]),
+            p,
+            1,
+            n,
+            chunk_size(k.shape[-1], p),
+            state.view(-1, *state.shape[2:]),
+            True,
         )
         state.copy_(folded.view_as(state))
     else:

@@ -118,8 +118,9 @@ class RecurrentLayer(CacheLayerMixin):
         self.state = keys.new_zeros(batch, kv_heads, power.state_size(d, p), values.shape[-1], dtype=dtype)
         self.count = keys.new_zeros(batch, kv_heads, dtype=dtype)
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, act: Activation, t: float,
-               regular) -> Tensor:
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, act: Activation, t: float, regular
+    ) -> Tensor:
         """The attention function's output, HF's ``(B, Q, H, dv)``, for keys this layer returned. ``regular()`` is
         the attention function's own path (used below the threshold, over every key)."""
         self.pending = None
