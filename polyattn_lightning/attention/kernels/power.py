@@ -151,13 +151,13 @@ def power_attention(q, k, v, act, t, allowed, n, causal=None) -> Tensor:
     batch, heads, nq = q.shape[:3]
     kv_heads, nk = k.shape[1], k.shape[-2]
     power, groups = power_of(act), heads // kv_heads
-    dtype = compute_dtype(q)
-    s = row_scales(act, n, (batch, heads, nq), dtype)
-    keep = key_keep(allowed, batch, kv_heads, nk, dtype)
     if q.is_cuda:
         from .triton.power_op import triton_power_attention
 
-        return triton_power_attention(q, k, v, keep, s, float(t), power, causal)
+        return triton_power_attention(q, k, v, act, float(t), allowed, n, causal)
+    dtype = compute_dtype(q)
+    s = row_scales(act, n, (batch, heads, nq), dtype)
+    keep = key_keep(allowed, batch, kv_heads, nk, dtype)
     function = PowerAttentionCPU if causal is None else CausalPowerAttentionCPU
     return function.apply(q, k, v, keep, s, float(t), power, groups)
 

@@ -270,3 +270,21 @@ def test_the_shipped_table_covers_this_machine_kind_and_the_gpus():
     for entry in devices.values():
         keys = {(r["p"], r["d"], r["causal"], r["mode"]) for r in entry["crossover"]}
         assert {(3, 32, False, "train"), (2, 64, False, "train"), (3, 32, True, "train")} <= keys
+
+
+def test_the_triton_kernels_under_the_interpreter():
+    """``interpreted_power_cases.py`` in a subprocess with ``TRITON_INTERPRET=1`` (Triton's CPU interpreter)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    cases = Path(__file__).with_name("interpreted_power_cases.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
+        env=env, capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parent,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout

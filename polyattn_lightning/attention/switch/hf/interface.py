@@ -11,8 +11,9 @@ one process.
 What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding
 window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``, see
 :func:`~.masks.split_mask`), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else
-causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
-(``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the temperature, attention dropout (HF
+causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention (the kv heads
+go to ``attention()`` as they are: the linear ``power`` kernel builds one state per kv head, the others get
+them repeated), ``scaling`` as the temperature, attention dropout (HF
 passes 0 in eval), and the (B, L, H, D) output layout. A cached-generation step (a few query rows, no mask, no
 gradient) takes :func:`decode_step`, two products without the general path's per-call overhead. What it
 refuses, naming the module's class: ``softcap``, ``s_aux`` (attention sinks) and ``position_bias``, which a
@@ -116,8 +117,9 @@ def polyattn_attention(
             act = get_activation(spec)
             if not act.is_softmax:
                 return decode_step(query, key, value, act, temperature), None
+    capture = _probe.capture if _probe is not None else getattr(module, "capture", None)
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query / multi-query attention: each kv head serves `groups` query heads
+    if groups > 1 and capture is not None:  # attention() takes grouped kv heads; the capture contract has q's
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if attention_mask is None:
         if causal and key.shape[2] > q_len:
@@ -125,7 +127,6 @@ def polyattn_attention(
             key, value = key[:, :, :q_len], value[:, :, :q_len]
     else:
         causal, masks = split_mask(attention_mask)
-    capture = _probe.capture if _probe is not None else getattr(module, "capture", None)
     if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
         seen = dict(masks, attn_mask=causal_mask(q_len, key.shape[2], query.device)) if causal else masks
         capture(module, AttentionInputs(query, key, value, temperature, **seen))
