@@ -76,12 +76,14 @@ def _meta(*shape, dtype=torch.float32):
 def linear_launches(case: Case) -> list[tk.Launch]:
     """The linear form's programs on meta tensors (batch 2, 4 heads on 2 kv heads, ``d = dv``): the state of the
     keys, its reading by the queries and the gradient through the query features (dK's is the same program)."""
+    from ..attention.kernels.power import device_monomials
     from ..attention.kernels.triton import power_op
 
     dtype = getattr(torch, case.dtype)
     p = int(case.form.removeprefix("poly"))
     heads, kv_heads, n, d = 8, 4, case.n, case.d
     D = math.comb(d + p - 1, p)
+    tables = device_monomials(d, p, torch.device("meta"))
     q3, k3, v3 = _meta(heads, n, d, dtype=dtype), _meta(kv_heads, n, d, dtype=dtype), _meta(kv_heads, n, d, dtype=dtype)
     state, s = _meta(kv_heads, 1, D, d), _meta(heads, n)
     out, g, dq = _meta(heads, n, d), _meta(heads, n, d), _meta(heads, n, d)
@@ -89,9 +91,9 @@ def linear_launches(case: Case) -> list[tk.Launch]:
     torch.set_float32_matmul_precision(case.precision)
     try:
         return [
-            power_op.state_launch(k3, v3, state, n, n, 1, p, True),
-            power_op.apply_launch(q3, state, s, out, n, n, 1, p, False, heads // kv_heads),
-            power_op.grad_launch(q3, g, state, s, dq, n, n, 1, p, False, heads // kv_heads),
+            power_op.state_launch(k3, v3, state, tables, n, n, 1, True),
+            power_op.apply_launch(q3, state, s, out, tables, n, n, 1, False, heads // kv_heads),
+            power_op.grad_launch(q3, g, state, s, dq, tables, n, n, 1, False, heads // kv_heads),
         ]
     finally:
         torch.set_float32_matmul_precision(previous)

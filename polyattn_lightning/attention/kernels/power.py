@@ -154,7 +154,9 @@ def power_attention(q, k, v, act, t, allowed, n, causal=None) -> Tensor:
     if q.is_cuda:
         from .triton.power_op import triton_power_attention
 
-        return triton_power_attention(q, k, v, act, float(t), allowed, n, causal)
+        return triton_power_attention(
+            q, k, v, act, float(t), allowed, n, causal, *device_monomials(q.shape[-1], power, q.device)
+        )
     dtype = compute_dtype(q)
     s = row_scales(act, n, (batch, heads, nq), dtype)
     keep = key_keep(allowed, batch, kv_heads, nk, dtype)
@@ -181,6 +183,13 @@ def monomials(d: int, p: int) -> tuple[Tensor, Tensor]:
     counts = torch.stack([(index == e).sum(-1) for e in range(d)], dim=-1)  # multiplicity of each coordinate
     weight = math.factorial(p) / torch.exp(torch.lgamma(counts.double() + 1).sum(-1))
     return index.view(-1, p), weight.round()
+
+
+@functools.cache
+def device_monomials(d: int, p: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """:func:`monomials` as the Triton kernels read them: ``index`` ``(p, D)`` int32, ``weight`` fp32, on ``device``."""
+    index, weight = monomials(d, p)
+    return index.t().contiguous().to(device, torch.int32), weight.to(device, torch.float32)
 
 
 def features(x: Tensor, p: int, weighted: bool = False) -> Tensor:

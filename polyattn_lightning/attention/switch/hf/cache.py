@@ -19,7 +19,7 @@ How it fits transformers 5.x without patching it (``generate(..., cache=Recurren
   is False (a state cannot forget the last tokens: no assisted decoding);
 * ``update()`` receives the new post-RoPE keys and values but not the mask, and the attention function
   receives no cache: so ``update`` hands the new keys to the attention function tagged with their layer
-  (:func:`layer_of`), and the attention function (``interface.py``) lets the layer fold them in where the
+  (``interface.cache_layer``), and the attention function (``interface.py``) lets the layer fold them in where the
   padding mask is known: left padding enters neither the state nor ``n``.
 
 The state is fp32 (fp64 for an fp64 model) whatever the model's dtype.
@@ -36,16 +36,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ....errors import ConfigError
 from ...kernels import base, power
 from ...registry import Activation, get_activation
+from ..base import SwitchedAttention
+from .interface import CACHE_TAG, IMPLEMENTATION
 from .masks import split_mask
-
-#: The attribute ``update`` tags its returned keys with (the layer they came from).
-TAG = "_polyattn_cache_layer"
-
-
-def layer_of(key: Tensor) -> "RecurrentLayer | None":
-    """The cache layer ``key`` came from, if a :class:`RecurrentLayer`'s ``update`` returned it just now."""
-    layer = getattr(key, TAG, None)
-    return layer if layer is not None and layer.pending is key else None
 
 
 def decode_crossover(device: torch.device, d: int, activation: Activation) -> float:
@@ -107,7 +100,7 @@ class RecurrentLayer(CacheLayerMixin):
             self.values = torch.cat([self.values, value_states], dim=-2)
             keys, values = self.keys, self.values
         self.seen += new
-        setattr(keys, TAG, self)
+        setattr(keys, CACHE_TAG, self)
         self.pending = keys
         return keys, values
 
@@ -197,10 +190,8 @@ class RecurrentCache(Cache):
     """
 
     def __init__(self, model: nn.Module, threshold: float | None = None):
-        from . import CONFIG_KEY, IMPLEMENTATION
-
         config = model.config.get_text_config(decoder=True)
-        spec = getattr(model.config, CONFIG_KEY, None)
+        spec = next((m.activation_spec for m in model.modules() if isinstance(m, SwitchedAttention)), None)
         if spec is None or model.config._attn_implementation != IMPLEMENTATION:
             raise ConfigError(
                 f"RecurrentCache needs a model switched by set_attention(model, 'poly3'...); "
@@ -228,4 +219,4 @@ class RecurrentCache(Cache):
         return [layer.recurrent for layer in self.layers]
 
 
-__all__ = ["RecurrentCache", "RecurrentLayer", "decode_crossover", "layer_of"]
+__all__ = ["RecurrentCache", "RecurrentLayer", "decode_crossover"]

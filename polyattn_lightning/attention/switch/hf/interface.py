@@ -37,7 +37,6 @@ from ...kernels.materialized import materialized
 from ...masks import causal_mask
 from ...registry import Activation, ActivationSpec, get_activation
 from ..base import AttentionInputs, Capture
-from .cache import layer_of
 from .masks import split_mask
 
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
@@ -47,7 +46,8 @@ UNSUPPORTED_KWARGS = ("softcap", "s_aux", "position_bias")
 #: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
 #: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
 DECODE_ROWS = 8
-#: Tokens per row of the probe forward (a few, so a causal model has more than one query row).
+#: The attribute a ``RecurrentCache`` layer tags the keys its ``update`` returns with (``cache.py``).
+CACHE_TAG = "_polyattn_cache_layer"
 
 
 class Probe:
@@ -98,7 +98,7 @@ def polyattn_attention(
     spec = _spec_of(module)
     q_len = query.shape[2]
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    layer = layer_of(key)
+    layer = cache_layer(key)
     if layer is not None:  # keys from a RecurrentCache: the layer folds them in where the mask is known
         args = (module, query, key, value, attention_mask, dropout, scaling, is_causal)
         regular = lambda: polyattn_attention(*args, **kwargs)[0]  # noqa: E731 (the path below, for a KV layer)
@@ -132,6 +132,12 @@ def polyattn_attention(
         capture(module, AttentionInputs(query, key, value, temperature, **seen))
     out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def cache_layer(key: Tensor):
+    """The ``RecurrentCache`` layer ``key`` came from, if that layer's ``update`` returned it just now."""
+    layer = getattr(key, CACHE_TAG, None)
+    return layer if layer is not None and layer.pending is key else None
 
 
 def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
