@@ -12,7 +12,8 @@ sweep of one row stops once the linear form has been 1.5x faster at two lengths 
 within the lengths. ``quadratic_seconds``, the seconds per unit of the quadratic cost model (``kernels/base.py``:
 ``B H pairs (d + dv)``), is the median over the non-causal ``train`` points of length >= 2,048.
 
-``--write`` merges this device's entry into ``polyattn_lightning/attention/kernels/crossover.json`` (or
+``--placeholder KEY`` writes an unmeasured entry for a device from the FLOP model instead (the GPUs until
+measured). ``--write`` merges this device's entry into ``polyattn_lightning/attention/kernels/crossover.json`` (or
 ``--write PATH``), the table ``kernel="auto"`` reads (its ``decode`` rows come from ``bench decode --write``).
 Measure on a quiet machine (``uptime`` load < 1): the table is what ``auto`` trusts.
 """
@@ -20,9 +21,12 @@ Measure on a quiet machine (``uptime`` load < 1): the table is what ``auto`` tru
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -107,6 +111,27 @@ def quadratic_seconds(rows: list[dict], batch: int, heads: int) -> float:
     return statistics.median(units)
 
 
+#: Placeholder entries (``--placeholder``): the FLOP crossover times this factor (power attention's H100 figures put
+#: the real one ~6x past the FLOP count's for p = 2, d = 64, causal: thin products are memory-bound), and the decode
+#: crossover at twice the length where a state (D dv) holds as many numbers as a KV cache (N (d + dv)).
+PLACEHOLDER_FACTOR, PLACEHOLDER_DECODE_FACTOR = 4.0, 2.0
+
+
+def placeholder_rows(powers, dims) -> list[dict]:
+    """Unmeasured rows from the FLOP model, for a device no one has measured yet."""
+    rows = []
+    for p in powers:
+        for d in dims:
+            for causal in (False, True):
+                n = PLACEHOLDER_FACTOR * base.flop_crossover(d, p, causal)
+                rows += [dict(p=p, d=d, causal=causal, mode=mode, n=round(n)) for mode in ("train", "forward")]
+    for p in (1, *powers):
+        for d in dims:
+            n = PLACEHOLDER_DECODE_FACTOR * math.comb(d + p - 1, p) * d / (d + d)  # D dv / (d + dv), dv = d
+            rows.append(dict(p=p, d=d, causal=True, mode="decode", n=round(n)))
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| power | d | causal | mode | crossover N | linear / quadratic time at each N |",
@@ -144,8 +169,33 @@ def main(argv: list[str] | None = None) -> int:
         help="merge this device's rows into the table (default: the shipped one)",
     )
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--placeholder",
+        default=None,
+        metavar="KEY",
+        help="instead of measuring, write FLOP-model rows for device KEY (e.g. 'cuda/NVIDIA H100 80GB "
+        "HBM3'), marked unmeasured, into --write's table",
+    )
+    parser.add_argument(
+        "--placeholder-seconds",
+        type=float,
+        default=5e-14,
+        help="the placeholder's quadratic_seconds (fused forward+backward per pair and channel)",
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.placeholder:
+        path = Path(args.write or base.CROSSOVER_TABLE)
+        table = json.loads(path.read_text()) if path.exists() else {"devices": {}}
+        table["devices"][args.placeholder] = {
+            "measured": False,
+            "note": f"placeholder: {PLACEHOLDER_FACTOR}x the FLOP crossover, decode at {PLACEHOLDER_DECODE_FACTOR}x "
+            "the equal-size length; measure with python -m polyattn_lightning.bench crossover --device cuda --write",
+            "quadratic_seconds": args.placeholder_seconds,
+            "crossover": placeholder_rows(args.powers, args.dims),
+        }
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        return 0
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     load_before = os.getloadavg()
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]

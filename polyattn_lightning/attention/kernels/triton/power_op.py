@@ -29,12 +29,24 @@ from torch.autograd.function import once_differentiable
 from .launch import Launch, LaunchConfig, product_types
 from .op import TritonAttention, _device_guard, _run
 
-#: Tile sizes ``(rows, features)`` and launch options of the three programs.
+#: Tile sizes ``(rows, features)`` and launch options per program and operand width (16-bit; fp32), sized offline
+#: (``bench triton-static``, a sweep of 5-9 candidates each): the largest tiles without a spill for (p, d) in
+#: (3, 32), (2, 64), (2, 128), (4, 32) on sm_80 and sm_90, every product on tensor cores. Rows are multiples of
+#: 16 dividing 64, so a chunk of 64 tokens holds whole row blocks.
 CONFIGS = {
-    "power_state": LaunchConfig(64, 64, 4, 2),
-    "power_apply": LaunchConfig(64, 64, 4, 2),
-    "power_grad": LaunchConfig(64, 32, 4, 2),
+    ("power_state", 16): LaunchConfig(64, 64, 8, 2),
+    ("power_apply", 16): LaunchConfig(64, 64, 8, 2),
+    ("power_grad", 16): LaunchConfig(64, 16, 4, 2),
+    ("power_state", 32): LaunchConfig(32, 32, 4, 2),
+    ("power_apply", 32): LaunchConfig(16, 32, 4, 2),
+    ("power_grad", 32): LaunchConfig(16, 32, 8, 2),
 }
+
+
+def launch_config(program: str, dtype: torch.dtype) -> LaunchConfig:
+    return CONFIGS[(program, 32 if dtype == torch.float32 else 16)]
+
+
 #: Bytes of chunk states per kv head the causal form may hold; and the smallest chunk.
 STATE_BUDGET = 64 * 2**20
 MIN_CHUNK = 128
@@ -54,7 +66,7 @@ def state_launch(x3, y3, state, tables, rows, chunk, n_chunks, weighted, groups=
     from .power_jit import _power_state
 
     d, dv, D = x3.shape[-1], y3.shape[-1], state.shape[-2]
-    config = CONFIGS["power_state"]
+    config = launch_config("power_state", x3.dtype)
     n_fblocks = math.ceil(D / config.block_n)
     index, weight = tables
     p = index.shape[0]
@@ -77,7 +89,7 @@ def apply_launch(x3, state, scale, out, tables, rows, chunk, n_chunks, weighted,
     from .power_jit import _power_apply
 
     d, dv, D = x3.shape[-1], out.shape[-1], state.shape[-2]
-    config = CONFIGS["power_apply"]
+    config = launch_config("power_apply", x3.dtype)
     n_mblocks = math.ceil(rows / config.block_m)
     index, weight = tables
     p = index.shape[0]
@@ -99,7 +111,7 @@ def grad_launch(x3, y3, state, scale, dx, tables, rows, chunk, n_chunks, weighte
     from .power_jit import _power_grad
 
     d, dv, D = x3.shape[-1], y3.shape[-1], state.shape[-2]
-    config = CONFIGS["power_grad"]
+    config = launch_config("power_grad", x3.dtype)
     n_mblocks = math.ceil(rows / config.block_m)
     index, weight = tables
     p = index.shape[0]
@@ -169,7 +181,7 @@ class PowerAll(torch.autograd.Function):
 
 
 def _whole(rows: int) -> int:
-    """A chunk length that puts every row block in chunk 0."""
+    """A chunk length that puts every row block in chunk 0 (a multiple of 64: whole row blocks)."""
     return max(1, math.ceil(rows / 64)) * 64
 
 
