@@ -42,7 +42,7 @@ from .cpp import load
 
 #: The powers this form takes (p = 1 is ``associative``'s ``q (k^T v)``).
 POWERS = (2, 3, 4)
-#: Feature-block budget of the C++ kernel, in elements: the chunk is the largest multiple of 16 tokens
+#: Feature-block budget of the C++ kernel, in elements: the chunk is the largest power of two of tokens
 #: whose ``D x chunk`` block stays near 2 MB (fp32), at least 16 and at most 128 tokens.
 CHUNK_ELEMENTS = 1 << 19
 
