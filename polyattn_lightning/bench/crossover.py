@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             quadratic_seconds=report["quadratic_seconds"],
             command=report["command"],
             load=[load_before, report["machine"]["load_average_after"]],
+            threads=torch.get_num_threads(),
         )
     write_report(report, args.json)
     return 0

@@ -190,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="merge the decode crossovers into the table (default: the shipped one)",
     )
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default=None)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     report = {"command": " ".join(["python -m polyattn_lightning.bench decode", *argv])}
     report["layer"] = layer_curves(args.configs, args.lengths, args.heads, args.repeats, args.steps)
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
             command=report["command"],
             load=[load_before, report["machine"]["load_average_after"]],
+            threads=torch.get_num_threads(),
         )
     write_report(report, args.json)
     return 0

@@ -158,10 +158,11 @@ def cpu_model() -> str:
 
 
 def device_key(device: torch.device) -> str:
-    """The table's key for ``device``: ``cpu/<model>/<threads> threads`` or ``cuda/<device name>``."""
+    """The table's key for ``device``: ``cpu/<model>`` or ``cuda/<device name>`` (the thread count a CPU entry was
+    measured with is in its ``measured_by``)."""
     if device.type == "cuda":
         return f"cuda/{torch.cuda.get_device_name(device)}"
-    return f"{device.type}/{cpu_model()}/{torch.get_num_threads()} threads"
+    return f"{device.type}/{cpu_model()}"
 
 
 def device_entry(device: torch.device) -> tuple[str, dict] | None:

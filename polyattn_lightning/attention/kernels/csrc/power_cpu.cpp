@@ -31,6 +31,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -49,9 +52,21 @@ int64_t monomial_count(int64_t d, int64_t p) {
 }
 
 // The multinomial count p! / alpha! of each monomial, in the order the walks below visit them.
+std::vector<double> compute_weights(int64_t d, int64_t p);
+
+// compute_weights, once per (d, p) per process (a decoding step would otherwise recompute D of them).
 template <typename T>
 std::vector<T> multinomial_weights(int64_t d, int64_t p) {
-  std::vector<T> weights;
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, int64_t>, std::vector<double>> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find({d, p});
+  if (found == known.end()) found = known.emplace(std::make_pair(d, p), compute_weights(d, p)).first;
+  return std::vector<T>(found->second.begin(), found->second.end());
+}
+
+std::vector<double> compute_weights(int64_t d, int64_t p) {
+  std::vector<double> weights;
   weights.reserve(monomial_count(d, p));
   std::array<int64_t, MAX_POWER> index{};
   auto visit = [&](auto&& self, int64_t level, int64_t start) -> void {
@@ -67,7 +82,7 @@ std::vector<T> multinomial_weights(int64_t d, int64_t p) {
         run = index[l] == index[l - 1] ? run + 1 : 1;
         count *= run;
       }
-      weights.push_back(T(factorial / count));
+      weights.push_back(factorial / count);
     }
   };
   visit(visit, 0, 0);
@@ -90,6 +105,25 @@ void expand(const T* x, int64_t c, int64_t d, int64_t start, const T* prefix, T*
       for (int64_t j = 0; j < c; ++j) stack[j] = prefix[j] * xe[j];
       expand<T, L - 1>(x, c, d, e, stack, out, w, stack + c);
     }
+  }
+}
+
+// The features of one token (C = 1, a decoding step): the same walk, its last loop along the coordinates.
+template <typename T, int L>
+void expand_row(const T* x, int64_t d, int64_t start, T prefix, T*& out, const T*& w) {
+  if constexpr (L == 1) {
+    const int64_t n = d - start;
+    if (w) {
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) out[e] = w[e] * prefix * x[start + e];
+      w += n;
+    } else {
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) out[e] = prefix * x[start + e];
+    }
+    out += n;
+  } else {
+    for (int64_t e = start; e < d; ++e) expand_row<T, L - 1>(x, d, e, prefix * x[e], out, w);
   }
 }
 
@@ -169,6 +203,16 @@ struct Problem {
     const T* w = weighted ? weights.data() : nullptr;
     if (p == 1) {  // the coordinates themselves (a recurrent cache of poly1)
       std::copy(xt, xt + d * c, out);
+      return;
+    }
+    if (c == 1) {
+      for (int64_t e = 0; e < d; ++e) {
+        switch (p) {
+          case 2: expand_row<T, 1>(xt, d, e, xt[e], out, w); break;
+          case 3: expand_row<T, 2>(xt, d, e, xt[e], out, w); break;
+          default: expand_row<T, 3>(xt, d, e, xt[e], out, w); break;
+        }
+      }
       return;
     }
     for (int64_t e = 0; e < d; ++e) {
@@ -602,23 +646,64 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> power_causal_backward(const at::T
 // ------------------------------------------------------------------------------------------------ decode
 
 // One pass over a kv head's state (D x dv): row a += fk[a] v (fk null: no update), then every query of the
-// group reads it, acc (groups x dv) += fq[member, a] * row a.
-template <typename T>
-void decode_pass(T* state, const T* fk, const T* v, const T* fq, T* acc, int64_t D, int64_t dv, int64_t groups) {
-  for (int64_t a = 0; a < D; ++a) {
-    T* row = state + a * dv;
-    if (fk) {
-      const T f = fk[a];
+// group reads it, acc (groups x dv) += fq[member, a] * row a. DV > 0: dv fixed at compile time, so a row is a
+// few straight vector instructions and the accumulators stay in registers (a row is only 16-128 numbers:
+// a loop per row costs more than its arithmetic); DV = 0: any dv.
+template <typename T, int DV, int GROUPS>
+void decode_pass(T* state, const T* fk, const T* v, const T* fq, T* acc, int64_t D, int64_t dv_, int64_t groups_) {
+  const int64_t dv = DV ? DV : dv_, groups = GROUPS ? GROUPS : groups_;
+  constexpr int64_t WIDTH = DV ? DV : 1;
+  constexpr int64_t MEMBERS = GROUPS ? GROUPS : 1;
+  if constexpr (DV > 0 && GROUPS > 0) {
+    T sum[MEMBERS][WIDTH] = {};
+    T vk[WIDTH];
+    for (int64_t e = 0; e < WIDTH; ++e) vk[e] = v[e];
+    for (int64_t a = 0; a < D; ++a) {
+      T* row = state + a * WIDTH;
+      if (fk) {
+        const T f = fk[a];
 #pragma omp simd
-      for (int64_t e = 0; e < dv; ++e) row[e] += f * v[e];
+        for (int64_t e = 0; e < WIDTH; ++e) row[e] += f * vk[e];
+      }
+      for (int64_t member = 0; member < MEMBERS; ++member) {
+        const T f = fq[member * D + a];
+#pragma omp simd
+        for (int64_t e = 0; e < WIDTH; ++e) sum[member][e] += f * row[e];
+      }
     }
-    for (int64_t member = 0; member < groups; ++member) {
-      const T f = fq[member * D + a];
-      T* o = acc + member * dv;
-#pragma omp simd
-      for (int64_t e = 0; e < dv; ++e) o[e] += f * row[e];
+    for (int64_t member = 0; member < MEMBERS; ++member) {
+      for (int64_t e = 0; e < WIDTH; ++e) acc[member * WIDTH + e] = sum[member][e];
+    }
+  } else {
+    std::fill(acc, acc + groups * dv, T(0));
+    for (int64_t a = 0; a < D; ++a) {
+      T* row = state + a * dv;
+      if (fk) {
+        const T f = fk[a];
+        for (int64_t e = 0; e < dv; ++e) row[e] += f * v[e];
+      }
+      for (int64_t member = 0; member < groups; ++member) {
+        const T f = fq[member * D + a];
+        T* o = acc + member * dv;
+        for (int64_t e = 0; e < dv; ++e) o[e] += f * row[e];
+      }
     }
   }
+}
+
+// decode_pass at the compiled width and group count, if there is one for (dv, groups).
+template <typename T>
+void decode_pass_any(T* state, const T* fk, const T* v, const T* fq, T* acc, int64_t D, int64_t dv, int64_t groups) {
+#define POLYATTN_DECODE(W, G)                                             \
+  if (dv == W && groups == G) {                                           \
+    decode_pass<T, W, G>(state, fk, v, fq, acc, D, dv, groups);           \
+    return;                                                               \
+  }
+  POLYATTN_DECODE(16, 1) POLYATTN_DECODE(32, 1) POLYATTN_DECODE(64, 1) POLYATTN_DECODE(128, 1)
+  POLYATTN_DECODE(16, 2) POLYATTN_DECODE(32, 2) POLYATTN_DECODE(64, 2) POLYATTN_DECODE(128, 2)
+  POLYATTN_DECODE(16, 4) POLYATTN_DECODE(32, 4) POLYATTN_DECODE(64, 4) POLYATTN_DECODE(128, 4)
+#undef POLYATTN_DECODE
+  decode_pass<T, 0, 0>(state, fk, v, fq, acc, D, dv, groups);
 }
 
 // One generation step, in place: state (B*Hkv, D, dv) += keep * w m(k) v^T and count (B*Hkv) += keep, then
@@ -652,8 +737,7 @@ at::Tensor power_decode(const at::Tensor& q, const at::Tensor& k, const at::Tens
       T* st = stp + kv * P.D * P.dv;
       const T* vk = P.v + kv * P.dv;
       T* acc = stack + 2 * MAX_POWER;
-      std::fill(acc, acc + P.groups * P.dv, T(0));
-      decode_pass(st, kept ? fk : nullptr, vk, fq, acc, P.D, P.dv, P.groups);
+      decode_pass_any(st, kept ? fk : nullptr, vk, fq, acc, P.D, P.dv, P.groups);
       const T n = cp[kv] < T(1) ? T(1) : cp[kv];
       const T c = length_scale == 1 ? T(1) / std::sqrt(n) : length_scale == 2 ? T(1) / n : T(scale);
       for (int64_t member = 0; member < P.groups; ++member) {

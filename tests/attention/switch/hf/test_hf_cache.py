@@ -103,24 +103,28 @@ def test_the_state_is_the_sum_of_weighted_features():
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-def test_a_step_equals_the_pytorch_step_and_the_materialised_causal_power(rows):
-    """C++ (``power_decode`` for one token, the chunked kernel from a state for more) against the PyTorch step and
-    ``c(n) (q k^T t)^p v`` over every key so far."""
+@pytest.mark.parametrize("d, dv, heads", [(4, 3, 4), (6, 16, 4), (3, 32, 2)], ids=["any", "dv16-gqa", "dv32-mha"])
+def test_a_step_equals_the_pytorch_step_and_the_materialised_causal_power(rows, d, dv, heads):
+    """C++ (``power_decode`` for one token: a generic loop, and its compiled widths; the chunked kernel from a
+    state for more) against the PyTorch step and ``c(n) (q k^T t)^p v`` over every key so far."""
     from polyattn_lightning.attention import get_activation
 
     act = get_activation("poly3")
     g = torch.Generator().manual_seed(1)
-    past_k, past_v = torch.randn(1, 2, 6, 4, generator=g).double(), torch.randn(1, 2, 6, 3, generator=g).double()
-    q = torch.randn(1, 4, rows, 4, generator=g).double()
-    k, v = torch.randn(1, 2, rows, 4, generator=g).double(), torch.randn(1, 2, rows, 3, generator=g).double()
+    past_k, past_v = torch.randn(1, 2, 6, d, generator=g).double(), torch.randn(1, 2, 6, dv, generator=g).double()
+    q = torch.randn(1, heads, rows, d, generator=g).double()
+    k, v = torch.randn(1, 2, rows, d, generator=g).double(), torch.randn(1, 2, rows, dv, generator=g).double()
     keep = torch.ones(1, rows, dtype=torch.bool)
     outs = []
     for step in (power.step, power._step_torch):
-        state, count = torch.zeros(1, 2, 20, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+        state = torch.zeros(1, 2, power.state_size(d, 3), dv, dtype=torch.float64)
+        count = torch.zeros(1, 2, dtype=torch.float64)
         power.fold(state, count, past_k, past_v, torch.ones(1, 6, dtype=torch.bool), 3)
         outs.append(step(q, k, v, keep, state, count, act, 0.5))
         assert torch.equal(count, torch.full((1, 2), 6.0 + rows, dtype=torch.float64))
-    keys, values = torch.cat([past_k, k], 2).repeat_interleave(2, 1), torch.cat([past_v, v], 2).repeat_interleave(2, 1)
+    groups = heads // 2
+    keys = torch.cat([past_k, k], 2).repeat_interleave(groups, 1)
+    values = torch.cat([past_v, v], 2).repeat_interleave(groups, 1)
     allowed = torch.ones(rows, 6 + rows, dtype=torch.bool).tril(6)
     n = allowed.sum(-1, keepdim=True).double()
     expected = (((q @ keys.transpose(-2, -1)) * 0.5) ** 3 * allowed / n.sqrt()) @ values
