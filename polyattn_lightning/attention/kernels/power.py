@@ -42,8 +42,7 @@ from .cpp import load
 
 #: The powers this form takes (p = 1 is ``associative``'s ``q (k^T v)``).
 POWERS = (2, 3, 4)
-#: What the Triton form takes (its launch configs are checked offline up to head dim 128: ``bench triton-static``).
-CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The Triton form's largest head dim (its launch configs are checked offline up to it: ``bench triton-static``).
 CUDA_MAX_HEAD_DIM = 128
 #: Feature-block budget of the C++ kernel, in elements: the chunk is the largest power of two of tokens
 #: whose ``D x chunk`` block stays near 2 MB (fp32), at least 16 and at most 128 tokens.
@@ -319,11 +318,11 @@ class Power(Backend):
         elif not q.is_cuda:
             reasons.append(f"q is on {q.device}; this kernel runs on CPU and CUDA tensors")
         else:
-            from .triton import triton_available
+            from .triton import DTYPES, triton_available
 
             if not triton_available():
                 reasons.append("the triton package is not installed (the CUDA form is a Triton kernel)")
-            if q.dtype not in CUDA_DTYPES:
+            if q.dtype not in DTYPES:
                 reasons.append(f"dtype {q.dtype} on CUDA (the Triton form takes float16, bfloat16 and float32)")
             if max(q.shape[-1], inputs.v.shape[-1]) > CUDA_MAX_HEAD_DIM:
                 reasons.append(f"head dim > {CUDA_MAX_HEAD_DIM} on CUDA (the Triton form's tiles are sized up to it)")

@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+from test_attention_kernels import _grads as grads
+from test_attention_kernels import assert_matches_reference_attention as assert_matches
 from test_attention_kernels import num_threads
 
 from polyattn_lightning.attention import attention, kernel_choice
@@ -46,17 +48,6 @@ def qkv(batch=2, heads=4, kv_heads=2, nq=9, nk=9, d=4, dv=5, dtype=torch.float64
     g = torch.Generator().manual_seed(seed)
     shapes = [(batch, heads, nq, d), (batch, kv_heads, nk, d), (batch, kv_heads, nk, dv)]
     return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
-
-
-def grads(out, inputs):
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
-    return torch.autograd.grad((out * weight).sum(), inputs)
-
-
-def assert_matches(out, expected, inputs, **tol):
-    torch.testing.assert_close(out, expected, **tol)
-    for got, want in zip(grads(out, inputs), grads(expected, inputs)):
-        torch.testing.assert_close(got, want, **tol)
 
 
 @pytest.fixture

@@ -472,6 +472,25 @@ void causal_tile(const Problem<T>& P, const CausalChunk& c, const T* qc, const T
   }
 }
 
+// The causal sweep of kv head `kv`: query chunks in order, the keys before each chunk's own folded into `state`
+// (each key once), then body(chunk, its own keys, their values) (masked copies; null when it has none).
+// Returns how many keys are in the state at the end.
+template <typename T, typename Body>
+int64_t causal_sweep(const Problem<T>& P, Scratch<T>& sc, int64_t kv, int64_t offset, T* state, Body body) {
+  const T *kh = P.k + kv * P.nk * P.d, *vh = P.v + kv * P.nk * P.dv, *keep_row = P.keep_of(kv);
+  int64_t absorbed = 0;  // keys [0, absorbed) are in the state
+  for (int64_t i0 = 0; i0 < P.nq; i0 += P.chunk) {
+    const CausalChunk c(i0, P.chunk, P.nq, P.nk, offset);
+    accumulate_state(P, sc, kh, vh, P.dv, absorbed, c.jlo, keep_row, true, state);
+    absorbed = std::max(absorbed, c.jlo);
+    const int64_t w = c.width();
+    const T* kj = w ? Problem<T>::masked_rows(kh, P.d, c.jlo, w, keep_row, sc.rows) : nullptr;
+    const T* vj = w ? Problem<T>::masked_rows(vh, P.dv, c.jlo, w, keep_row, sc.rows2) : nullptr;
+    body(c, kj, vj);
+  }
+  return absorbed;
+}
+
 // Returns (out, state): out (B*Hq, Nq, dv); state (B*Hkv, D, dv) the state after every key (with
 // `final_state`; else an empty tensor). `initial` (B*Hkv, D, dv), optional, is the state of keys before these.
 std::tuple<at::Tensor, at::Tensor> power_causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -499,14 +518,8 @@ std::tuple<at::Tensor, at::Tensor> power_causal_forward(const at::Tensor& q, con
     parallel_items<T>(P, P.bhkv, [&](int64_t kv, Scratch<T>& sc) {
       const T *kh = P.k + kv * P.nk * P.d, *vh = P.v + kv * P.nk * P.dv, *keep_row = P.keep_of(kv);
       T* st = stp + kv * P.D * P.dv;
-      int64_t absorbed = 0;  // keys [0, absorbed) are in the state
-      for (int64_t i0 = 0; i0 < P.nq; i0 += P.chunk) {
-        const CausalChunk c(i0, P.chunk, P.nq, P.nk, offset);
-        accumulate_state(P, sc, kh, vh, P.dv, absorbed, c.jlo, keep_row, true, st);
-        absorbed = std::max(absorbed, c.jlo);
-        const int64_t w = c.width();
-        const T* kj = w ? Problem<T>::masked_rows(kh, P.d, c.jlo, w, keep_row, sc.rows) : nullptr;
-        const T* vj = w ? Problem<T>::masked_rows(vh, P.dv, c.jlo, w, keep_row, sc.rows2) : nullptr;
+      const int64_t absorbed = causal_sweep(P, sc, kv, offset, st, [&](const CausalChunk& c, const T* kj, const T* vj) {
+        const int64_t w = c.width(), i0 = c.i0;
         for (int64_t member = 0; member < P.groups; ++member) {
           const int64_t h = kv * P.groups + member;
           const T* qc = P.q + (h * P.nq + i0) * P.d;
@@ -520,7 +533,7 @@ std::tuple<at::Tensor, at::Tensor> power_causal_forward(const at::Tensor& q, con
           }
           scale_rows(oc, c.rows, P.dv, sp + h * P.nq + i0);
         }
-      }
+      });
       if (final_state) accumulate_state(P, sc, kh, vh, P.dv, absorbed, P.nk, keep_row, true, st);
     });
   });
@@ -551,14 +564,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> power_causal_backward(const at::T
       T *dkh = dkp + kv * P.nk * P.d, *dvh = dvp + kv * P.nk * P.dv;
       // dQ: the forward's sweep
       std::fill(st, st + P.D * P.dv, T(0));
-      int64_t absorbed = 0;
-      for (int64_t i0 = 0; i0 < P.nq; i0 += P.chunk) {
-        const CausalChunk c(i0, P.chunk, P.nq, P.nk, offset);
-        accumulate_state(P, sc, kh, vh, P.dv, absorbed, c.jlo, keep_row, true, st);
-        absorbed = std::max(absorbed, c.jlo);
-        const int64_t w = c.width();
-        const T* kj = w ? Problem<T>::masked_rows(kh, P.d, c.jlo, w, keep_row, sc.rows) : nullptr;
-        const T* vj = w ? Problem<T>::masked_rows(vh, P.dv, c.jlo, w, keep_row, sc.rows2) : nullptr;
+      causal_sweep(P, sc, kv, offset, st, [&](const CausalChunk& c, const T* kj, const T* vj) {
+        const int64_t w = c.width(), i0 = c.i0;
         for (int64_t member = 0; member < P.groups; ++member) {
           const int64_t h = kv * P.groups + member;
           const T *qc = P.q + (h * P.nq + i0) * P.d, *gc = gp + (h * P.nq + i0) * P.dv;
@@ -581,7 +588,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> power_causal_backward(const at::T
             gemm<T>(false, false, c.rows, P.d, w, T(1), sc.tile2, w, kj, P.d, T(1), dqc, P.d);
           }
         }
-      }
+      });
       // dK, dV: the chunks in reverse; a chunk's own keys get its tiles and R of the chunks after it
       std::fill(after, after + P.D * P.dv, T(0));
       auto from_after = [&](int64_t j0, int64_t j1) {  // dV += (w m(k))^T R, dK += J^T (w R v^T) for keys [j0, j1)

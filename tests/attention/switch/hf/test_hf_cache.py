@@ -193,3 +193,24 @@ def test_the_default_threshold_is_the_tables_decode_crossover(tmp_path, monkeypa
     finally:
         monkeypatch.delenv("POLYATTN_CROSSOVER")
         base.reload_crossover_table()
+
+
+def test_a_decode_step_on_two_threads_equals_one():
+    """``power_decode`` splits the kv heads over threads: the same state and output as on one thread."""
+    from polyattn_lightning.attention import get_activation
+
+    act = get_activation("poly2")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 1, 16, generator=g) for _ in range(3))
+    results = []
+    for threads in (1, 2):
+        state, count = torch.ones(2, 4, power.state_size(16, 2), 16), torch.full((2, 4), 3.0)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = power.step(q, k, v, torch.ones(2, 1, dtype=torch.bool), state, count, act, 0.25)
+        finally:
+            torch.set_num_threads(before)
+        results.append((out, state))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
