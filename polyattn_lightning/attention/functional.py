@@ -34,7 +34,8 @@ def attention(
     """Attention with a registry activation: ``out = phi(S) @ v``, ``S = q k^T * t``.
 
     Args:
-        q, k, v: ``(B, H, Nq, d)``, ``(B, H, Nk, d)``, ``(B, H, Nk, dv)``.
+        q, k, v: ``(B, H, Nq, d)``, ``(B, Hkv, Nk, d)``, ``(B, Hkv, Nk, dv)``; ``Hkv`` divides ``H``
+            (grouped-query attention: kv head ``h // (H / Hkv)`` serves query head ``h``).
         activation: a registry name (``"poly3"``), a mapping ``{name, **options}`` or an ``Activation``.
         scale: overrides the activation's length scale ``c`` (``"inv_sqrt_n"``, ``"inv_n"``, ``"none"`` or a float).
         temperature: ``t``; defaults to ``d ** -0.5`` as timm applies it.
@@ -130,9 +131,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> None:
         raise ValueError(
             f"q, k, v must be 4-D (B, H, N, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+    grouped = k.shape[1] == q.shape[1] or (k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+    if q.shape[0] != k.shape[0] or not grouped or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            "shapes must be q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv); "
+            "shapes must be q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv) with Hkv dividing H; "
             f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if not 0.0 <= dropout_p < 1.0:

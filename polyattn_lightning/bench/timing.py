@@ -8,6 +8,7 @@ same way, and no command imports another command.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -94,3 +95,36 @@ def write_report(report: dict, path: str | os.PathLike | None) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=1))
+
+
+def write_table_rows(path: str | os.PathLike, device_key: str, rows: list[dict], **fields) -> None:
+    """Merge measured crossover ``rows`` (``{p, d, causal, mode, n}``) into ``device_key``'s entry of the
+    crossover table at ``path`` (``kernels/base.py`` reads it), replacing rows of the same key, and mark the
+    entry measured; ``fields`` (``quadratic_seconds``, ``command``, ``load``) are recorded with it (``command`` and
+    ``load`` per writing command, under ``measured_by``)."""
+    path = Path(path)
+    table = json.loads(path.read_text()) if path.exists() else {"devices": {}}
+    entry = table["devices"].setdefault(device_key, {"crossover": []})
+    entry["measured"] = True
+    if "quadratic_seconds" in fields:
+        entry["quadratic_seconds"] = fields.pop("quadratic_seconds")
+    entry.setdefault("measured_by", []).append(fields)
+    key = lambda row: (row["mode"], row["causal"], row["p"], row["d"])  # noqa: E731
+    merged = {key(row): row for row in entry["crossover"]}
+    merged.update({key(row): row for row in rows})
+    entry["crossover"] = [merged[k] for k in sorted(merged, key=lambda k: (k[0], k[1], k[2], k[3]))]
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def crossing(lengths: list[int], ratios: list[float]) -> float | None:
+    """The length from which ``ratio = linear / quadratic`` stays below 1, log-log interpolated; None: never."""
+    if not ratios or ratios[-1] >= 1:
+        return None
+    i = len(ratios) - 1
+    while i > 0 and ratios[i - 1] < 1:
+        i -= 1
+    if i == 0:
+        return float(lengths[0])  # faster from the shortest length measured
+    x0, x1 = math.log(lengths[i - 1]), math.log(lengths[i])
+    y0, y1 = math.log(ratios[i - 1]), math.log(ratios[i])
+    return math.exp(x0 + (0 - y0) * (x1 - x0) / (y1 - y0))

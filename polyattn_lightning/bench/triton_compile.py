@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import subprocess
@@ -35,12 +36,23 @@ from ..attention.kernels.triton import launch as tk
 
 #: Shared memory per block a kernel may use (opt-in maximum), by compute capability.
 SHARED_LIMIT = {80: 166_912, 90: 232_448}
-#: The products of each kernel, in the order they appear in its code.
+#: The products of each kernel, in the order they appear in its code (the linear form's ``power_grad`` has one
+#: one-hot scatter per coordinate of a monomial after ``y S^T``: :func:`products_of`).
 PRODUCTS = {
     "forward": ("q k^T", "P V"),
     "backward_kv": ("q k^T", "P^T dO", "dO V^T", "dS^T q"),
     "backward_q": ("q k^T", "dO V^T", "dS k"),
+    "power_state": ("m(x)^T y",),
+    "power_apply": ("m(x) S",),
+    "power_grad": ("y S^T", "scatter"),
 }
+
+
+def products_of(name: str, meta: dict) -> tuple[str, ...]:
+    """The products of kernel ``name`` as launched with ``meta``."""
+    if name == "power_grad":
+        return ("y S^T", *(f"scatter {level + 1}" for level in range(meta["P"])))
+    return PRODUCTS[name]
 
 
 class Case(NamedTuple):
@@ -54,14 +66,43 @@ class Case(NamedTuple):
     causal: bool = False
     precision: str = "high"  # torch.get_float32_matmul_precision() while building the launches (fp32 inputs)
     table: str = "tuned"
+    kernel: str = "quadratic"  # or "linear": the exact linear form's three programs (triton/power_op.py)
 
 
 def _meta(*shape, dtype=torch.float32):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def linear_launches(case: Case) -> list[tk.Launch]:
+    """The linear form's programs on meta tensors (batch 2, 4 heads on 2 kv heads, ``d = dv``): the state of the
+    keys, its reading by the queries and the gradient through the query features (dK's is the same program)."""
+    from ..attention.kernels.power import device_monomials
+    from ..attention.kernels.triton import power_op
+
+    dtype = getattr(torch, case.dtype)
+    p = int(case.form.removeprefix("poly"))
+    heads, kv_heads, n, d = 8, 4, case.n, case.d
+    D = math.comb(d + p - 1, p)
+    tables = device_monomials(d, p, torch.device("meta"))
+    q3, k3, v3 = _meta(heads, n, d, dtype=dtype), _meta(kv_heads, n, d, dtype=dtype), _meta(kv_heads, n, d, dtype=dtype)
+    state, s = _meta(kv_heads, 1, D, d), _meta(heads, n)
+    out, g, dq = _meta(heads, n, d), _meta(heads, n, d), _meta(heads, n, d)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(case.precision)
+    try:
+        return [
+            power_op.state_launch(k3, v3, state, tables, n, n, 1, True),
+            power_op.apply_launch(q3, state, s, out, tables, n, n, 1, False, heads // kv_heads),
+            power_op.grad_launch(q3, g, state, s, dq, tables, n, n, 1, False, heads // kv_heads),
+        ]
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def case_launches(case: Case) -> list[tk.Launch]:
     """The three launches of ``case`` on meta tensors: batch 2, 4 heads, ``Nq = Nk = n``, ``d = dv``."""
+    if case.kernel == "linear":
+        return linear_launches(case)
     dtype = getattr(torch, case.dtype)
     batch, heads, n, d = 2, 4, case.n, case.d
     q3, k3, v3, out, do, dq, dk, dv = (_meta(batch * heads, n, d, dtype=dtype) for _ in range(8))
@@ -165,7 +206,7 @@ def compile_launch(launch: tk.Launch, arch: int) -> dict:
         text = _run_ptxas(compiled.asm["ptx"], arch)
     name = launch.kernel.fn.__name__.lstrip("_")
     kinds = mma_kinds(compiled.asm["ttgir"])
-    products = PRODUCTS[name]
+    products = products_of(name, launch.meta)
     per_product = len(kinds) // len(products) if kinds and len(kinds) % len(products) == 0 else None
     return {
         "kernel": name,

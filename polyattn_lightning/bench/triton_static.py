@@ -31,6 +31,8 @@ GOALS = (
     "no spills without mask/bias/dropout at d <= 128; at most 1 KB per thread with them",
 )
 ARCHS = (80, 90)
+#: (form, head dim) of the linear form's rows: LRA's poly3 at 32, poly2 at 64 and 128, poly4 at 32.
+LINEAR_FORMS = (("poly3", 32), ("poly2", 64), ("poly2", 128), ("poly4", 32))
 SPILL_LIMIT_EXTRAS = 1024
 
 
@@ -57,6 +59,12 @@ def matrix() -> list[tuple[dict, int]]:
         for arch in ARCHS
         for d in (64, 128)
         for dtype in ("bfloat16",)
+    ]
+    cases += [  # the exact linear form's three programs (the causal form adds only the quadratic kernel)
+        (dict(kernel="linear", form=form, dtype=dtype, d=d), arch)
+        for arch in ARCHS
+        for dtype in ("bfloat16", "float16", "float32")
+        for form, d in LINEAR_FORMS
     ]
     return cases
 
@@ -118,13 +126,14 @@ def run(jobs: int = 2, items: list[tuple[dict, int]] | None = None) -> dict:
 
 def _case_label(row: dict) -> str:
     label = f"{row['form']} {row['dtype']} d{row['d']} N{row['n']}" + (" +mask+bias+dropout" if row["extras"] else "")
+    label += " linear" if row.get("kernel") == "linear" else ""
     label += " +causal" if row.get("causal") else ""
     return label + (f" ({row['precision']})" if row["dtype"] == "float32" else "")
 
 
 def markdown(report: dict) -> str:
     """A table: one line per case and arch; per kernel ``tile/warps/stages, shared KB, registers, spill B, MMA``."""
-    lines = ["| case | sm | forward | dK/dV | dQ |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| case | sm | forward (linear: state) | dK/dV (apply) | dQ (grad) |", "| --- | --- | --- | --- | --- |"]
     groups: dict[tuple, list[dict]] = {}
     for row in report["rows"]:
         groups.setdefault((_case_label(row), row["arch"]), []).append(row)

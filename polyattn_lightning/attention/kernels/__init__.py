@@ -7,6 +7,7 @@ says what it supports (``supports``), why it cannot take given inputs (``not_sup
 ============== ======================================================================================
 ``sdpa``        softmax, on PyTorch's fused SDPA (``sdpa.py``)
 ``associative`` poly1 as ``q (k^T v)``: exact, linear in N, causal by chunked prefix sums (``associative.py``)
+``power``       poly2-poly4 as ``phi(q) (phi(k)^T v)``: exact, linear in N, C++ and Triton (``power.py``)
 ``triton``      the fused CUDA kernel (``triton/``: launch tables, jit code, operators, self-check)
 ``fused_cpu``   the fused C++ CPU kernel (``fused_cpu.py``, sources in ``csrc/``, built by ``cpp.py``)
 ``blocked``     tiles in plain PyTorch, any elementwise activation, CPU and GPU (``blocked.py``)
@@ -14,10 +15,14 @@ says what it supports (``supports``), why it cannot take given inputs (``not_sup
 ============== ======================================================================================
 
 ``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs;
-where two or more of the able backends state a cost (:meth:`~.base.Backend.cost`), the cheapest of those wins
-instead. :func:`pick` says which backend that is and why each other one was passed over
+when that one states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins
+instead (the quadratic kernels and ``power`` compare so, at the crossover measured on the machine:
+``base.crossover_length``). :func:`pick` says which backend that is and why each other one was passed over
 (``polyattn_lightning.attention.kernel_choice`` asks it for ``attention()``'s own arguments); a named kernel
 that cannot take the inputs raises one :class:`~.base.KernelNotSupported` listing its reasons.
+
+Grouped-query attention (k, v with fewer heads than q): a backend with ``grouped_heads`` takes them as they
+are, every other one gets them repeated to q's heads.
 
 Every backend computes non-softmax scores and ``phi(S)`` in fp32 with autocast off (``attention.dtypes``),
 returns ``v``'s dtype, and has a hand-written backward that is differentiable once (a second derivative
@@ -41,7 +46,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from . import associative, blocked, fused_cpu, materialized, sdpa, triton
+from . import associative, blocked, fused_cpu, materialized, power, sdpa, triton
 from .base import Backend, KernelInputs, KernelNotSupported
 
 #: Every backend, by name, in the order ``auto`` tries them.
@@ -50,6 +55,7 @@ BACKENDS: dict[str, Backend] = {
     for backend in (
         sdpa.BACKEND,
         associative.BACKEND,
+        power.BACKEND,
         triton.BACKEND,
         fused_cpu.BACKEND,
         blocked.BACKEND,
@@ -87,10 +93,11 @@ def pick(inputs: KernelInputs) -> KernelChoice:
         else:
             able.append(name)
     costs = {}
-    for name in able:
-        cost = BACKENDS[name].cost(inputs)
-        if cost is not None:
-            costs[name] = cost
+    if BACKENDS[able[0]].cost(inputs) is not None:  # the first choice has a cost model: compare the able ones
+        for name in able:
+            cost = BACKENDS[name].cost(inputs)
+            if cost is not None:
+                costs[name] = cost
     chosen = min(costs, key=costs.get) if len(costs) > 1 else able[0]
     for name in able:
         if name != chosen:
@@ -117,7 +124,7 @@ def run(kernel: str, inputs: KernelInputs) -> Tensor:
         )
     if inputs.empty and not inputs.act.is_softmax:  # nothing to tile: an empty batch, no queries or no keys
         backend = BACKENDS["materialized"]
-    return backend.forward(inputs)
+    return backend.forward(inputs if backend.grouped_heads else inputs.repeated_kv())
 
 
 __all__ = [

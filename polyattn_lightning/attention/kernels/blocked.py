@@ -39,7 +39,7 @@ from torch.autograd.function import once_differentiable
 from ..dtypes import autocast_off, compute_dtype
 from ..forms import FusedForm
 from ..registry import Activation
-from .base import Backend, KernelInputs, elementwise_reasons
+from .base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
 #: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
@@ -343,6 +343,11 @@ class Blocked(Backend):
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         return elementwise_reasons(inputs)
+
+    def cost(self, inputs: KernelInputs) -> float:
+        """The fused kernels' model: never cheaper than them (ties keep the priority order), so ``auto`` takes
+        the linear form over it no earlier than over them."""
+        return quadratic_cost(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
         return blocked(*inputs.tiled)

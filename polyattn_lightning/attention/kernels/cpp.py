@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -40,7 +41,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 #: The translation units; every ``*.cpp`` / ``*.h`` in ``csrc/`` also goes into the build key.
-SOURCE_NAMES = ("fused_cpu.cpp", "associative_cpu.cpp")
+SOURCE_NAMES = ("fused_cpu.cpp", "associative_cpu.cpp", "power_cpu.cpp")
 SOURCES = [CSRC / name for name in SOURCE_NAMES]
 #: Compiler flags per ``torch.backends.cpu.get_cpu_capability()``: the instruction set, and the
 #: macros that select the matching ``at::vec::Vectorized`` (SIMD exp and log1p for softplus/sigmoid).
@@ -161,6 +162,17 @@ def _register_fakes() -> None:
     def associative_backward(q, k, v, *args):  # also the causal one's: (dq, dk, dv)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
+    def power_forward(q, k, v, keep, s, power, groups, *args):
+        features = math.comb(q.shape[2] + power - 1, power)
+        return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(k.shape[0], features, v.shape[2])
+
+    def power_causal_forward(q, k, v, keep, s, power, groups, offset, chunk, initial, final_state):
+        out, state = power_forward(q, k, v, keep, s, power, groups)
+        return out, state if final_state else q.new_empty(0)
+
+    def power_decode(q, k, v, *args):
+        return q.new_empty(q.shape[0], 1, v.shape[2])
+
     for name, fake in [
         ("forward", forward),
         ("backward", backward),
@@ -169,6 +181,11 @@ def _register_fakes() -> None:
         ("associative_backward", associative_backward),
         ("associative_causal_forward", forward),
         ("associative_causal_backward", associative_backward),
+        ("power_forward", power_forward),
+        ("power_backward", associative_backward),
+        ("power_causal_forward", power_causal_forward),
+        ("power_causal_backward", associative_backward),
+        ("power_decode", power_decode),
     ]:
         torch.library.register_fake(f"polyattn_cpu::{name}", fake)
 

@@ -49,7 +49,7 @@ from torch.autograd.function import once_differentiable
 
 from ..dtypes import autocast_off, compute_dtype
 from ..registry import Activation
-from .base import Backend, KernelInputs, elementwise_reasons
+from .base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
 from .blocked import as_4d, flatten_heads, grad_gain
 from .cpp import load
 
@@ -243,6 +243,9 @@ class FusedCPU(Backend):
         elif not load():
             reasons.append("the C++ kernels could not be built on this machine (see the warning above)")
         return reasons
+
+    def cost(self, inputs: KernelInputs) -> float:
+        return quadratic_cost(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
         return fused_cpu(*inputs.tiled)

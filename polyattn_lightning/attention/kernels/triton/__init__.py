@@ -78,7 +78,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from ..base import Backend, KernelInputs, elementwise_reasons
+from ..base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
 from .launch import fp32_precision, interpreting
 
 #: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.
@@ -130,6 +130,9 @@ class Triton(Backend):
         ):
             return ["this launch configuration failed its self-check against the blocked kernel (warned once)"]
         return []
+
+    def cost(self, inputs: KernelInputs) -> float:
+        return quadratic_cost(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
         from .op import triton_attention

@@ -28,6 +28,9 @@ attention transfer) is :func:`polyattn_lightning.convert`'s (``polyattn_lightnin
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
 ``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
 
+Generation: ``model.generate(ids, cache=RecurrentCache(model))`` keeps a fixed-size state per layer instead of keys
+and values once the context passes the crossover (``cache.py``).
+
 This package imports transformers; nothing else in the project does unless it is given an HF model.
 """
 
@@ -47,6 +50,7 @@ from ...registry import ActivationSpec, get_activation
 from ..base import SwitchedAttention
 from ..recorder import SoftmaxCall, softmax_calls
 from . import interface
+from .cache import RecurrentCache
 from .families import adapter_for
 from .interface import IMPLEMENTATION, Probe, polyattn_attention
 from .masks import split_mask
@@ -284,6 +288,7 @@ __all__ = [
     "CONFIG_KEY",
     "IMPLEMENTATION",
     "PROBE_TOKENS",
+    "RecurrentCache",
     "probe_inputs",
     "load_pretrained",
     "polyattn_attention",

@@ -10,18 +10,20 @@ read the mask themselves in that format). The activation is not global: it is re
 from the module being called (``module.activation_spec``), so two models with different activations live in
 one process.
 
-What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding
-window, chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``), the float masks
-models build themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's and
-Swin's carry a bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``,
-else causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention
-(``num_key_value_groups``: the kv heads are repeated), ``scaling`` as the temperature, attention dropout (HF
-passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families add
-(``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
-attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``).
-Other keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few
-query rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own
-``sdpa`` call.
+What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding window,
+chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``), the float masks models build
+themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's and Swin's carry a
+bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else causal as
+HF's SDPA path assumes; only when more than one query row), grouped-query attention (the kv heads go to
+``attention()`` as they are: the linear ``power`` kernel builds one state per kv head, the others get them
+repeated; a capture, a softcap, a bias or sinks get them repeated here), ``scaling`` as the temperature,
+attention dropout (HF passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families
+add (``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
+attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``). Other
+keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few query
+rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call.
+Keys returned by a :class:`~.cache.RecurrentCache` layer go to that layer, which folds them into its state
+(``cache.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
 #: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
 #: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
 DECODE_ROWS = 8
+#: The attribute a ``RecurrentCache`` layer tags the keys its ``update`` returns with (``cache.py``).
+CACHE_TAG = "_polyattn_cache_layer"
 
 
 class Probe:
@@ -107,6 +111,16 @@ def polyattn_attention(
     plain = softcap is None and sinks is None and position_bias is None
     q_len = query.shape[2]
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    layer = cache_layer(key)
+    if layer is not None:  # keys from a RecurrentCache: the layer folds them in where the mask is known
+        if not plain:
+            raise ConfigError(
+                f"RecurrentCache cannot fold softcap, attention sinks or position_bias into its state "
+                f"({type(module).__name__}): generate with the model's own cache"
+            )
+        args = (module, query, key, value, attention_mask, dropout, scaling, is_causal)
+        regular = lambda: polyattn_attention(*args, **kwargs)[0]  # noqa: E731 (the path below, for a KV layer)
+        return layer.attend(query, key, value, attention_mask, get_activation(spec), temperature, regular), None
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
@@ -122,8 +136,9 @@ def polyattn_attention(
             act = get_activation(spec)
             if not act.is_softmax:
                 return decode_step(query, key, value, act, temperature), None
+    capture = _probe.seen if _probe is not None else getattr(module, "capture", None)
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query / multi-query attention: each kv head serves `groups` query heads
+    if groups > 1 and (capture is not None or not plain):  # attention() takes grouped kv heads; these take q's
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if attention_mask is None:
         if causal and key.shape[2] > q_len:
@@ -136,7 +151,6 @@ def polyattn_attention(
         masks = with_position_bias(masks, position_bias)
     if sinks is not None:
         key, value, masks = with_sinks(key, value, masks, sinks)
-    capture = _probe.seen if _probe is not None else getattr(module, "capture", None)
     if capture is not None:  # the capture contract has no is_causal: it gets the causal mask written out
         seen = masks
         if causal:
@@ -149,6 +163,12 @@ def polyattn_attention(
     else:
         out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def cache_layer(key: Tensor):
+    """The ``RecurrentCache`` layer ``key`` came from, if that layer's ``update`` returned it just now."""
+    layer = getattr(key, CACHE_TAG, None)
+    return layer if layer is not None and layer.pending is key else None
 
 
 def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
