@@ -37,7 +37,6 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     f"{_A}.switched": (f"{_SWITCH}.base",),
     f"{_A}.hf": (f"{_SWITCH}.hf", f"{_SWITCH}.hf.interface", f"{_SWITCH}.hf.masks"),
     f"{_A}.hf_calibration": (f"{_PACKAGE}.conversion.calibrate",),
-    f"{_SWITCH}.hf.calibration": (f"{_PACKAGE}.conversion.calibrate",),
     f"{_A}.diagnostics": (f"{_DIAGNOSTICS}.norms", f"{_DIAGNOSTICS}.probe"),
     f"{_A}.spline": (f"{_DIAGNOSTICS}.spline",),
     f"{_A}.blocked": (f"{_KERNELS}.blocked",),
@@ -92,6 +91,14 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
     },
 }
 
+#: ``(old module, name) -> what replaced it``: names that have no new home (asking for one says what to do instead).
+REMOVED_ATTRIBUTES: dict[tuple[str, str], str] = {
+    (f"{_A}.hf_calibration", "fold_temperatures"): (
+        "polyattn_lightning.convert(model, activation, samples, method='calibrate'), which also folds the "
+        "temperatures into the query projections"
+    ),
+}
+
 
 def _targets(name: str) -> tuple[str, ...] | None:
     """The new modules of an old module path (a submodule of a moved package too), or None."""
@@ -129,6 +136,10 @@ class AliasModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if (self.__name__, name) in REMOVED_ATTRIBUTES:
+            raise AttributeError(
+                f"{self.__name__}.{name} was removed; use {REMOVED_ATTRIBUTES[self.__name__, name]}"
+            )
         moved = MOVED_ATTRIBUTES.get((self.__name__, name))
         if moved is not None:
             return getattr(importlib.import_module(moved[0]), moved[1])

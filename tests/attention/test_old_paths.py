@@ -11,6 +11,9 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
+
+import pytest
 
 from polyattn_lightning import deprecated
 
@@ -42,7 +45,7 @@ USED = {
         "IMPLEMENTATION",
         "Switched__transformers__models__bert__modeling_bert__BertSelfAttention",
     ],
-    "polyattn_lightning.attention.hf_calibration": ["best_temperatures", "fold_temperatures"],
+    "polyattn_lightning.attention.hf_calibration": ["best_temperatures", "TEMPERATURES"],
     "polyattn_lightning.attention.diagnostics": [
         "attention_norms",
         "probe_attention",
@@ -103,3 +106,12 @@ def test_every_old_path_imports_warns_once_and_has_its_names():
         assert identical, f"{name} is not the object of its new home"
         if not kept:  # a name the module still imports for itself, or one of an alias module, needs no second line
             assert len(warnings) == 1 and "moved to" in warnings[0], (name, warnings)
+
+
+def test_a_removed_name_says_what_replaced_it():
+    with warnings.catch_warnings():  # the alias's deprecation line (checked above, in a fresh interpreter)
+        warnings.simplefilter("ignore", FutureWarning)
+        from polyattn_lightning.attention import hf_calibration
+
+    with pytest.raises(AttributeError, match=r"hf_calibration.fold_temperatures was removed; use .*convert\("):
+        hf_calibration.fold_temperatures
