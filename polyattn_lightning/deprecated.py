@@ -137,9 +137,7 @@ class AliasModule(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         if (self.__name__, name) in REMOVED_ATTRIBUTES:
-            raise AttributeError(
-                f"{self.__name__}.{name} was removed; use {REMOVED_ATTRIBUTES[self.__name__, name]}"
-            )
+            raise AttributeError(f"{self.__name__}.{name} was removed; use {REMOVED_ATTRIBUTES[self.__name__, name]}")
         moved = MOVED_ATTRIBUTES.get((self.__name__, name))
         if moved is not None:
             return getattr(importlib.import_module(moved[0]), moved[1])

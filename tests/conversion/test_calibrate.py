@@ -106,9 +106,9 @@ def test_the_old_entry_points_say_where_calibration_went():
     with pytest.raises(ConfigError, match=r"set_attention\(calibrate=True\) moved: call polyattn_lightning.convert"):
         set_attention(cm.bert(), "poly3", calibrate=True)
     assert attention_modules(cm.bert()) == []
-    sys.modules.pop("polyattn_lightning.attention.switch.hf.calibration", None)
+    sys.modules.pop("polyattn_lightning.attention.hf_calibration", None)
     with pytest.warns(FutureWarning, match="moved to polyattn_lightning.conversion.calibrate"):
-        old = importlib.import_module("polyattn_lightning.attention.switch.hf.calibration")
+        old = importlib.import_module("polyattn_lightning.attention.hf_calibration")
     assert old.best_temperatures is best_temperatures
 
 

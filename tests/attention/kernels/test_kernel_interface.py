@@ -88,7 +88,7 @@ def test_kernel_choice_says_what_auto_picks_and_why_not_the_others():
     assert choice.kernel == "fused_cpu"
     assert set(choice.passed_over) == set(BACKENDS) - {"fused_cpu"}
     assert "not linear" in choice.passed_over["associative"][0]
-    assert choice.passed_over["blocked"] == ["'fused_cpu' is preferred"]
+    assert choice.passed_over["blocked"][0].startswith("'fused_cpu' is preferred (cost ")  # equal costs: priority
     text = str(choice)
     assert text.splitlines()[0] == "auto picks 'fused_cpu'" and "  sdpa: activation 'poly3' is not softmax" in text
     assert kernel_choice(q, k, v, "poly1").kernel == "associative"
@@ -126,9 +126,14 @@ class _Costly:
 def test_costs_decide_between_backends_that_state_one(monkeypatch):
     inputs = _inputs("poly3")
     assert pick(inputs).kernel == "fused_cpu"
-    monkeypatch.setitem(BACKENDS, "blocked", _Costly(BACKENDS["blocked"], 1.0))
-    assert pick(inputs).kernel == "fused_cpu"  # one cost alone is compared with nothing
-    monkeypatch.setitem(BACKENDS, "fused_cpu", _Costly(BACKENDS["fused_cpu"], 2.0))
+    able = [name for name in PRIORITY if not BACKENDS[name].not_supported_reasons(inputs)]
+    assert {"fused_cpu", "blocked"} <= set(able)
+    for name, cost in {**dict.fromkeys(able, 3.0), "blocked": 1.0, "fused_cpu": 2.0}.items():
+        monkeypatch.setitem(BACKENDS, name, _Costly(BACKENDS[name], cost))
     choice = pick(inputs)
     assert choice.kernel == "blocked"
     assert choice.passed_over["fused_cpu"] == ["'blocked' is preferred (cost 2 s against 1 s)"]
+    first = able[0]
+    monkeypatch.setitem(BACKENDS, first, _Costly(BACKENDS[first], None))
+    choice = pick(inputs)  # the first able backend states no cost: priority decides, no costs compared
+    assert choice.kernel == first and choice.passed_over["blocked"] == [f"{first!r} is preferred"]
