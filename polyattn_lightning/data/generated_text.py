@@ -3,6 +3,9 @@
 * :class:`NegatedSentimentData`: short reviews labelled ``positive`` / ``negative`` where the label is the
   adjective's polarity flipped by a negation ("the plot was not dull" is positive). Every adjective and the
   negation appear equally often in both classes, so no single token tells the label (majority: 50%).
+  ``clauses: 2`` is the harder set: two such clauses joined by a conjunction ("the plot was not dull , but the
+  cast was hardly great"), four labels (``positive-negative``...: each clause's polarity, in order), so every
+  negation must be bound to its own adjective across the sentence (majority: 25%).
 * :class:`GeneratedStoriesData`: sentences from a small grammar (who gives whom how many of what, and the
   sums that follow) for a causal LM, with a byte-level BPE tokenizer trained on the training split with
   ``tokenizers`` and saved as a transformers tokenizer folder.
@@ -14,6 +17,7 @@ import csv
 import random
 from pathlib import Path
 
+from ..errors import ConfigError
 from .generated import cache_root, staged_dir
 from .text import CausalLMText, TextClassificationData
 
@@ -51,6 +55,15 @@ def negated_review(rng: random.Random) -> tuple[str, str]:
     return " ".join(w for w in words if w), "positive" if positive != negated else "negative"
 
 
+CONJUNCTIONS = (", but", ", and", "; yet", ", while", ", whereas")
+
+
+def two_clause_review(rng: random.Random) -> tuple[str, str]:
+    """Two negated reviews in one sentence; the label names each clause's polarity, first then second."""
+    (first, first_label), (second, second_label) = negated_review(rng), negated_review(rng)
+    return f"{first} {rng.choice(CONJUNCTIONS)} {second}", f"{first_label}-{second_label}"
+
+
 def _write_splits(root: Path, sizes: dict[str, int], seed: int, make) -> None:
     """Distinct samples (no test sentence is a training one), split in the given sizes, one file per split."""
     rng, seen, samples = random.Random(seed), set(), []
@@ -80,12 +93,16 @@ class NegatedSentimentData(TextClassificationData):
         val_size: int = 200,
         test_size: int = 200,
         seed: int = 0,
+        clauses: int = 1,
         max_length: int = 32,
         batch_size: int = 16,
         num_workers: int = 0,
         pin_memory: bool = False,
     ):
-        """``root``: where the CSV files go (default: the cache, one folder per size and seed)."""
+        """``root``: where the CSV files go (default: the cache, one folder per size, seed and clause count);
+        ``clauses``: 1 (two labels) or 2 (four labels, see the module docstring)."""
+        if clauses not in (1, 2):
+            raise ConfigError(f"data.clauses: expected 1 or 2 (clauses per review), got {clauses!r}")
         super().__init__(
             tokenizer=tokenizer,
             max_length=max_length,
@@ -94,8 +111,8 @@ class NegatedSentimentData(TextClassificationData):
             pin_memory=pin_memory,
         )
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.seed = seed
-        tag = f"seed{seed}-{train_size}-{val_size}-{test_size}"
+        self.seed, self.review = seed, negated_review if clauses == 1 else two_clause_review
+        tag = f"seed{seed}-{train_size}-{val_size}-{test_size}" + ("" if clauses == 1 else f"-clauses{clauses}")
         self.root = Path(root) if root else cache_root("negated_sentiment", tag)
 
     def files(self) -> dict[str, str]:
@@ -104,7 +121,7 @@ class NegatedSentimentData(TextClassificationData):
     def prepare_data(self) -> None:
         if (self.root / "test.csv").is_file():
             return
-        for folder, split, rows in _write_splits(self.root, self.sizes, self.seed, negated_review):
+        for folder, split, rows in _write_splits(self.root, self.sizes, self.seed, self.review):
             with (folder / f"{split}.csv").open("w", newline="", encoding="utf-8") as file:
                 writer = csv.writer(file)
                 writer.writerow(["text", "label"])

@@ -6,6 +6,7 @@ import json
 import pytest
 from transformers import BertConfig
 
+from polyattn_lightning.data import generated_text
 from polyattn_lightning.data.generated_text import NegatedSentimentData, negated_review, train_tokenizer
 from polyattn_lightning.data.text import CausalLMText, TextClassificationData, read_rows, sorted_classes
 from polyattn_lightning.errors import ConfigError, DataError, MissingPathError
@@ -118,3 +119,34 @@ def test_generated_sentiment_needs_more_than_one_token(tmp_path, tokenizer_dir):
     train = {line for line in (tmp_path / "set" / "train.csv").read_text().splitlines()[1:]}
     test = {line for line in (tmp_path / "set" / "test.csv").read_text().splitlines()[1:]}
     assert len(train) == 40 and not train & test and data.classes == ["negative", "positive"]
+
+
+def _clause_label(words: list[str]) -> str:
+    """The polarity of one clause read back from its words: the adjective's, flipped by a negation."""
+    positive = any(word in generated_text.POSITIVE for word in words)
+    negated = any(word in generated_text.NEGATIONS for word in words)
+    return "positive" if positive != negated else "negative"
+
+
+def test_two_clause_reviews_label_each_clause_and_no_token_decides(tmp_path, tokenizer_dir):
+    """The harder set: four labels, each clause's polarity read back from the text; no word (an adjective, a
+    negation, a conjunction) tells the label (each label 20-30% of the reviews holding it); the clause count is a
+    short error otherwise."""
+    import random
+
+    rng = random.Random(1)
+    reviews = [generated_text.two_clause_review(rng) for _ in range(4000)]
+    splits = {"positive-positive", "positive-negative", "negative-positive", "negative-negative"}
+    for text, label in reviews:
+        words = text.split()
+        cut = max(i for i, word in enumerate(words) if word in {"but", "and", "yet", "while", "whereas"})
+        assert label == f"{_clause_label(words[:cut])}-{_clause_label(words[cut + 1:])}", text
+    for word in ("good", "dull", "not", "never", "but", "whereas"):
+        labels = [label for text, label in reviews if word in text.split()]
+        assert all(0.2 < labels.count(label) / len(labels) < 0.3 for label in splits), word
+    data = NegatedSentimentData(str(tokenizer_dir), root=str(tmp_path / "two"), train_size=80, val_size=10,
+                                test_size=10, clauses=2, max_length=64)
+    data.setup()
+    assert data.classes == sorted(splits)
+    with pytest.raises(ConfigError, match="data.clauses: expected 1 or 2 .* got 3"):
+        NegatedSentimentData(str(tokenizer_dir), clauses=3)
