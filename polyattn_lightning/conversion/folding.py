@@ -365,6 +365,10 @@ def fold(edits: Edits) -> None:
             parametrize.remove_parametrizations(owner, name, leave_parametrized=True)
     for owner, order in edits.orders.values():  # removal appends the parameter: the state-dict order as it was
         owner._parameters = {name: owner._parameters[name] for name in order}
+        for name in order:  # an edit computed as a transpose leaves a strided weight (FSDP2 and DCP need it dense)
+            parameter = owner._parameters[name]
+            if parameter is not None and not parameter.is_contiguous():
+                parameter.data = parameter.data.contiguous()
     edits.edits.clear()
     edits.orders.clear()
 

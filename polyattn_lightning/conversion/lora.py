@@ -11,7 +11,8 @@ are unfrozen again.
 
 :func:`merged` is a copy with every adapter merged into its base layer (peft's own ``merge``) and the peft layers
 replaced by those base layers: the model as it was built, with the fine-tuned weights, which
-``save_pretrained`` writes and ``from_pretrained`` loads without peft.
+``save_pretrained`` writes and ``from_pretrained`` loads without peft. A sharded model cannot be copied: its
+gathered state dict is merged instead (:func:`merged_state_dict`, the same weights under the same names).
 
 peft is the optional extra ``[lora]``; it is imported only when adapters are added or merged.
 """
@@ -23,7 +24,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..attention.switch import attention_modules
 from ..checkpoint import checkpoint_safe
@@ -125,4 +126,34 @@ def merged(model: nn.Module) -> nn.Module:
     return copied
 
 
-__all__ = ["LETTERS", "LoraRecipe", "add_lora", "is_lora", "lora_summary", "lora_targets", "merged"]
+def merged_state_dict(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` (``model``'s whole state dict, e.g. gathered from its shards) with every adapter merged into its
+    base weight, ``W + scaling * B A`` (transposed for a ``Conv1D``), under the base layer's own names: the state
+    dict of :func:`merged`'s copy, for a model that cannot be copied (FSDP2 shards refuse ``deepcopy``)."""
+    from peft.tuners.lora import LoraLayer
+
+    out = dict(state)
+    for name, layer in model.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        prefix = f"{name}."
+        base = f"{prefix}base_layer.weight"
+        for adapter in layer.active_adapters:
+            down, up = out.pop(f"{prefix}lora_A.{adapter}.weight"), out.pop(f"{prefix}lora_B.{adapter}.weight")
+            delta = (up.double() @ down.double()) * layer.scaling[adapter]
+            out[base] = (out[base].double() + (delta.T if layer.fan_in_fan_out else delta)).to(out[base].dtype)
+        for key in [key for key in out if key.startswith(f"{prefix}base_layer.")]:
+            out[prefix + key[len(f"{prefix}base_layer.") :]] = out.pop(key)
+    return out
+
+
+__all__ = [
+    "LETTERS",
+    "LoraRecipe",
+    "add_lora",
+    "is_lora",
+    "lora_summary",
+    "lora_targets",
+    "merged",
+    "merged_state_dict",
+]

@@ -127,6 +127,12 @@ class TaskModule(pl.LightningModule):
             )
         self.build()
         if sharded is not None and any(p.is_meta for p in self.optimized_module().parameters()):
+            if self.lora_recipe is not None or self.convert_recipe.method != "none":
+                raise ConfigError(
+                    "model.init_args.lora / convert under the sharded strategy need a model loaded with its weights "
+                    "(model: a pretrained folder or checkpoint), which is adapted, then sharded; this one is built "
+                    "from a config on the meta device and sharded first"
+                )
             sharded.shard(self, self.optimized_module())
         target = self.attention_target()
         if target is not None:

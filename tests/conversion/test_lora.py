@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from polyattn_lightning.attention import attention_modules, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained
-from polyattn_lightning.conversion.lora import LoraRecipe, add_lora, is_lora, lora_targets, merged
+from polyattn_lightning.conversion.lora import LoraRecipe, add_lora, is_lora, lora_targets, merged, merged_state_dict
 from polyattn_lightning.conversion.teacher import run_model
 from polyattn_lightning.errors import ConfigError
 
@@ -65,6 +65,10 @@ def test_only_the_adapters_and_the_head_train_and_merging_keeps_the_outputs(layo
     merged_model = merged(model)
     assert not any(isinstance(m, BaseTunerLayer) for m in merged_model.modules()) and not is_lora(merged_model)
     assert list(merged_model.state_dict()) == base_keys
+    by_state = merged_state_dict(model, model.state_dict())  # the sharded export's path: the same weights
+    assert set(by_state) == set(base_keys)
+    for key, value in merged_model.state_dict().items():
+        torch.testing.assert_close(by_state[key], value, rtol=1e-6, atol=1e-6)
     assert all(m.activation_spec == "poly3" for _, m in attention_modules(merged_model))
     expected, got = out(model, batch), out(merged_model, batch)
     if expected is None:  # BertModel: the last hidden state

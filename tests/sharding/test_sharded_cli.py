@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_helpers import CONFIGS, QUICKSTART, fit, resolved_config
+from training_helpers import CONFIGS, QUICKSTART, built, fit, resolved_config
 
 from polyattn_lightning import cli
 from polyattn_lightning.attention.switch.hf import load_pretrained
@@ -25,6 +25,7 @@ from polyattn_lightning.tasks import HFCausalLM
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 LLAMA = CONFIGS / "hf" / "tiny_llama_poly3.yaml"
 HF_FSDP = CONFIGS / "hf" / "trainer" / "fsdp.yaml"
+LORA = CONFIGS / "hf" / "convert" / "tiny_llama_poly3_lora.yaml"
 
 
 @pytest.mark.parametrize(
@@ -104,3 +105,48 @@ def _causal_lm():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM
+
+def _causal_lm():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+@pytest.mark.slow
+def test_sharded_fit_converts_once_trains_lora_adapters_and_exports_merged(tmp_path, monkeypatch, one_rank):
+    """Sharding with the conversion issue's features, on a pretrained (softmax) folder: the convert step runs on the
+    plain model before it is sharded (once, saved in the checkpoint), only the LoRA adapters train under FSDP2, and
+    ``export_dir`` writes the merged model, which ``load_pretrained`` runs with the in-run outputs. A model built on
+    the meta device (from ``hf_config``) is sharded before it has weights: LoRA / convert there is a short error."""
+    monkeypatch.chdir(tmp_path)
+    data = ["--data.root", str(tmp_path / "stories")]
+    teacher = built(CONFIGS / "hf" / "tiny_llama_softmax.yaml", *data, "--data.train_size", "200")
+    teacher.model.model.save_pretrained(tmp_path / "teacher")
+    teacher.datamodule.tokenizer.save_pretrained(tmp_path / "teacher")
+    adapted = ["--model.init_args.model", str(tmp_path / "teacher"), "--model.init_args.convert.steps", "5",
+               "--model.init_args.convert.samples", "8", "--model.init_args.export_dir", str(tmp_path / "exported")]
+    run = fit("--config", str(LORA), *ARGS, *data, *adapted, "--trainer.max_steps", "2")
+    assert isinstance(run.trainer.strategy, ShardedStrategy) and not run.trainer.strategy.built_on_meta
+    trainable = {name for name, p in run.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable), sorted(trainable)[:5]
+    last = tmp_path / "runs" / "hf" / "tiny_llama_poly3_lora" / "version_0" / "checkpoints" / "last.ckpt"
+    whole = tmp_path / "last_full.ckpt"
+    consolidate.main([str(last), "--out", str(whole)])
+    assert torch.load(whole, weights_only=True)["polyattn_conversion"]["method"] == "transfer"
+    ids = torch.randint(0, 384, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        in_run = run.model.eval().model(input_ids=ids).logits
+        exported = load_pretrained(tmp_path / "exported", _causal_lm()).eval()(input_ids=ids).logits
+    torch.testing.assert_close(exported, in_run, rtol=1e-5, atol=1e-5)
+    assert not any("lora" in name for name in safetensors_keys(tmp_path / "exported"))
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(LLAMA), *ARGS, *data, "--model.init_args.lora", "{r: 4}"])
+    assert exit_info.value.code == 2
+
+
+def safetensors_keys(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(folder / "model.safetensors", framework="pt") as weights:
+        return list(weights.keys())
