@@ -316,7 +316,7 @@ def vit(args) -> dict[str, Any]:
                 total += len(labels)
         return correct / total
 
-    def module(attention, convert=None, lora=None, lr=5e-4):
+    def module(attention, convert=None, lora=None, lr=args.lr):
         return ClassificationModule(
             hp["model_name"], num_classes=10, img_size=16, model_kwargs=hp["model_kwargs"], attention=attention,
             pretrained=args.teacher, convert=convert or ConvertRecipe(), lora=lora,
@@ -334,7 +334,7 @@ def vit(args) -> dict[str, Any]:
                 for seed in range(args.seeds if steps else 1):
                     options = json.loads(args.transfer) if method == "transfer" else {}
                     recipe = ConvertRecipe(method=method, samples=args.samples, **options)
-                    lr = 5e-4 * (LORA_LR_FACTOR if mode == "lora" else 1)
+                    lr = args.lr * (LORA_LR_FACTOR if mode == "lora" else 1)
                     task = module("poly3", recipe, {"r": 4, "alpha": 8.0} if mode == "lora" else None, lr)
                     trainer = _trainer(max(steps, 1), seed)
                     if steps:
@@ -378,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch-steps", type=int, default=0, help="llama: also train poly3 from scratch this long")
     parser.add_argument("--transfer", default="{}", help='transfer options as JSON, e.g. {"steps": 300}')
     parser.add_argument("--data", default="{}", help="llama: GeneratedStoriesData arguments as JSON")
+    parser.add_argument("--lr", type=float, default=5e-4, help="vit: the full fine-tune's lr (LoRA: 10x)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--figure", default=None)
     argv = sys.argv[1:] if argv is None else argv
