@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..attention import get_activation
 from ..attention.kernels import base, power
+from .hf import LLAMA
 from .timing import crossing, interleaved, machine, write_report, write_table_rows
 
 DEFAULT_LENGTHS = tuple(2**i for i in range(7, 16))  # 128 .. 32,768 (the goals: 1k .. 32k)
@@ -98,16 +99,7 @@ def model_generation(prompts: list[int], new_tokens: int, repeats: int) -> dict:
     from ..attention import set_attention
     from ..attention.switch.hf import RecurrentCache
 
-    config = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        vocab_size=384,
-        max_position_embeddings=max(prompts) + new_tokens + 8,
-    )
+    config = dict(LLAMA, max_position_embeddings=max(prompts) + new_tokens + 8)  # bench hf's tiny Llama
     torch.manual_seed(0)
     base_model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")).eval()
     switched = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")).eval()

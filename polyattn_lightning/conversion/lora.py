@@ -11,8 +11,9 @@ are unfrozen again.
 
 :func:`merged` is a copy with every adapter merged into its base layer (peft's own ``merge``) and the peft layers
 replaced by those base layers: the model as it was built, with the fine-tuned weights, which
-``save_pretrained`` writes and ``from_pretrained`` loads without peft. A sharded model cannot be copied: its
-gathered state dict is merged instead (:func:`merged_state_dict`, the same weights under the same names).
+``save_pretrained`` writes and ``from_pretrained`` loads without peft. The tasks' export merges the model's
+whole state dict instead (:func:`merged_state_dict`, the same weights under the same names): no copy of the model,
+which a sharded one refuses.
 
 peft is the optional extra ``[lora]``; it is imported only when adapters are added or merged.
 """
@@ -129,7 +130,7 @@ def merged(model: nn.Module) -> nn.Module:
 def merged_state_dict(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """``state`` (``model``'s whole state dict, e.g. gathered from its shards) with every adapter merged into its
     base weight, ``W + scaling * B A`` (transposed for a ``Conv1D``), under the base layer's own names: the state
-    dict of :func:`merged`'s copy, for a model that cannot be copied (FSDP2 shards refuse ``deepcopy``)."""
+    dict of :func:`merged`'s copy, without copying the model (FSDP2 shards refuse ``deepcopy``)."""
     from peft.tuners.lora import LoraLayer
 
     out = dict(state)

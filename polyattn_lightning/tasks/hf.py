@@ -38,7 +38,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
 from ..conversion import ConvertRecipe
-from ..conversion.lora import LoraRecipe, is_lora, merged, merged_state_dict
+from ..conversion.lora import LoraRecipe, is_lora, merged_state_dict
 from ..errors import ConfigError
 from ..models.hf_pretrained import (
     check_tokenizer,
@@ -49,7 +49,7 @@ from ..models.hf_pretrained import (
     plain_load_reports,
     resolve_folder,
 )
-from ..sharding import full_state_dict, plain_class, sharded_strategy
+from ..sharding import full_state_dict, plain_class
 from .base import TaskModule, from_deprecated_calibrate, logits_evaluation
 from .optim import OptimRecipe
 
@@ -173,12 +173,11 @@ class HFTask(TaskModule):
         """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, by global
         rank 0; every rank calls it (a sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
-        sharded = sharded_strategy(self) is not None
-        model = merged(self.model) if is_lora(self.model) and not sharded else self.model  # LoRA: loads without peft
+        model = self.model
         state = full_state_dict(model)
         if self._trainer is not None and not self.trainer.is_global_zero:
             return folder
-        if is_lora(model):  # a sharded model cannot be copied: its gathered weights are merged instead
+        if is_lora(model):  # adapters merged into the weights, under the base layers' names: loads without peft
             state = merged_state_dict(model, state)
         model.save_pretrained(folder, state_dict=state)
         architecture = plain_class(model).__name__
