@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from . import chosen_parts
 from .timing import interleaved, machine, write_report
 
 LLAMA = dict(
@@ -152,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    parts = args.parts.split(",")
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of {', '.join(PARTS)}")
+    parts = chosen_parts(parser, args.parts, PARTS)
     load_before = os.getloadavg()
     report = {"command": " ".join(["python -m polyattn_lightning.bench hf", *argv])}
     if "minilm" in parts:

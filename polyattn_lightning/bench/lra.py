@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import LRAClassifier
+from . import chosen_parts
 from .attention import padding_mask
 from .timing import interleaved, machine, step_peak_bytes, write_report
 
@@ -304,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the full results here")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    parts = args.parts.split(",")
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        parser.error(f"--parts: unknown {sorted(unknown)}; expected a comma list of {', '.join(PARTS)}")
+    parts = chosen_parts(parser, args.parts, PARTS)
 
     load_before = os.getloadavg()
     report = {"command": " ".join(["python -m polyattn_lightning.bench lra", *argv])}
