@@ -120,6 +120,11 @@ class XCiTBackbone(nn.Module):
         maps = self.xcit.forward_intermediates(images, indices=list(self.out_indices), intermediates_only=True)
         return tuple(branch(x) for branch, x in zip((self.fpn1, self.fpn2, self.fpn3, self.fpn4), maps))
 
+    def new_modules(self) -> list[nn.Module]:
+        """The parts no XCiT weight file holds (the resampling branches): they train from their initialisation,
+        also when the XCiT itself is frozen (LoRA)."""
+        return [self.fpn1, self.fpn2, self.fpn3, self.fpn4]
+
     def load_pretrained(self, path: str | Path) -> tuple[list[str], list[str]]:
         """Load XCiT weights non-strictly; logs and returns (missing, unexpected) keys.
 
