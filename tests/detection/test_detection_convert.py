@@ -102,7 +102,7 @@ def test_transfer_runs_once_before_fit_and_is_kept_in_the_checkpoint(coco_root, 
     assert all(after < 0.5 * before for before, after in zip(report["error_before"], report["error_after"]))
     trainer.save_checkpoint(tmp_path / "converted.ckpt")
     assert torch.load(tmp_path / "converted.ckpt", weights_only=True)[CONVERSION_KEY] == report
-    cpu_trainer(limit_val_batches=1).validate(model, tiny_data(coco_root))
+    cpu_trainer(limit_val_batches=1, default_root_dir=tmp_path).validate(model, tiny_data(coco_root))
     assert model.conversion is report  # not converted again
 
 
