@@ -129,7 +129,8 @@ def attention_layers(
     model: nn.Module, batch: Batch, need_projections: bool = True
 ) -> tuple[list[Layer], list[Projections]]:
     """Every switched attention layer of ``model`` and, when a method edits them, its projections (heads and
-    head size read from what it attends in a softmax forward of ``batch``)."""
+    head size read from what it attends in a softmax forward of ``batch``: the size of what a query row holds, or,
+    for attention over channels, the channels per head, the rows attended)."""
     modules = attention_modules(model)
     layers = [Layer(name, module) for name, module in modules]
     shapes: dict[int, AttentionInputs] = {}
@@ -140,8 +141,9 @@ def attention_layers(
         if index not in shapes:
             raise ConfigError(f"convert: {layer.name} ({library_class(layer.module)}) attended nothing on the samples")
         q = shapes[index].q
+        head_dim = q.shape[-2] if getattr(layer.module, "map_layout", "tokens") == "channels" else q.shape[-1]
         try:
-            found = find_projections(model, layer.module, heads=q.shape[1], head_dim=q.shape[-1])
+            found = find_projections(model, layer.module, heads=q.shape[1], head_dim=head_dim)
         except ConfigError:
             if need_projections:
                 raise

@@ -21,6 +21,13 @@ What goes where (:func:`find_projections` reads it from the module's own attribu
   or its slice of a q-norm weight that normalises all heads at once (OLMo-2's ``(heads * head_dim,)``). It cannot
   fold where the q-norm weight is one ``(head_dim,)`` vector shared by all heads (Qwen3, timm's ``qk_norm``) or
   where q is clamped after the projection (OLMo's ``clip_qkv``): :attr:`Projections.temperature_refusal` says so.
+* **attention over channels** (``map_layout = "channels"``: XCiT's ``XCA``, EdgeNeXt's ``CrossCovarianceAttn``):
+  the "tokens" attended are a head's ``d`` channels, so a head's rows in ``qkv`` and its columns in ``proj`` are
+  its ``d = C / heads`` channels (:func:`attention_layers` passes that as ``head_dim``, not the image's token
+  count); q and k are L2-normalised over the tokens after the projection, so a scale on the query rows would be
+  normalised away: the per-head temperature is the module's own learnable ``temperature`` ``(heads, 1, 1)``, which
+  multiplies the normalised q (:attr:`Projections.query_scale`). The low-rank q/k deltas still change the
+  pattern: they turn each channel's direction.
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ class Projections:
     outer_output: nn.Module | None = None
     #: why a per-head temperature cannot be folded (None: it can)
     temperature_refusal: str | None = None
+    #: a per-head factor on the already normalised queries, one entry per head (XCA's ``temperature``)
+    query_scale: Block | None = None
     #: the modules a LoRA adapter goes on for ``q``, ``k``, ``v``, ``o`` (a fused projection under several letters)
     lora_modules: dict[str, nn.Module] = field(default_factory=dict)
 
@@ -153,6 +162,12 @@ def find_projections(model: nn.Module, module: nn.Module, heads: int, head_dim: 
     """The projections of ``module`` (an attention module of ``model`` attending ``heads`` query heads of
     ``head_dim``), or a :class:`ConfigError` naming its class and what it lacks."""
     name = library_class(module)
+    roles = getattr(module, "qkv_roles", "qkv")
+    if roles != "qkv":
+        raise ConfigError(
+            f"convert: {name} attends with its projections' [q; k; v] blocks in the roles {roles} (query, key, "
+            "value), which no conversion edits"
+        )
     width = heads * head_dim
     modules = projection_modules(model, module)
     if "q" not in modules or "k" not in modules:
@@ -167,6 +182,8 @@ def find_projections(model: nn.Module, module: nn.Module, heads: int, head_dim: 
         found.outer_output = modules["o"]  # not the module's own: it projects the heads the module returns
     found.query_bias = _query_bias(module, query)
     found.query_norm, found.temperature_refusal = _query_norm(module, name, width)
+    if getattr(module, "map_layout", "tokens") == "channels":
+        found.query_scale, found.temperature_refusal = _channel_temperature(module, name, heads)
     clip = getattr(getattr(module, "config", None), "clip_qkv", None)
     if clip is not None and found.temperature_refusal is None:
         found.temperature_refusal = f"{name} clamps its queries after the projection (config.clip_qkv={clip})"
@@ -227,6 +244,17 @@ def _query_norm(module: nn.Module, name: str, width: int) -> tuple[list[Block], 
             blocks.append(Block(norm, "bias", 0, 0, width))
         return blocks, None
     return [], None
+
+
+def _channel_temperature(module: nn.Module, name: str, heads: int) -> tuple[Block | None, str | None]:
+    """Attention over channels: the module's per-head ``temperature`` on its L2-normalised queries (XCA), or, for
+    one that does not normalise them (DaViT's ``ChannelAttentionV2``), None: its query rows take the scale."""
+    temperature = getattr(module, "temperature", None)
+    if isinstance(temperature, Tensor) and temperature.numel() == heads:
+        return Block(module, "temperature", 0, 0, heads), None
+    if isinstance(temperature, Tensor):
+        return None, f"{name}'s temperature {tuple(temperature.shape)} is not one factor per head ({heads})"
+    return None, None
 
 
 # --------------------------------------------------------------------------- the edits
@@ -374,10 +402,14 @@ def fold(edits: Edits) -> None:
 
 
 def scale_queries(edits: Edits, found: Projections, factors: nn.Module) -> None:
-    """Scale each head's queries by ``factors()`` (a temperature): its slice of a q-norm that normalises all heads
-    together (rows would be normalised back), else its query rows and their bias."""
+    """Scale each head's queries by ``factors()`` (a temperature): the factor on its normalised queries (XCA's
+    ``temperature``), its slice of a q-norm that normalises all heads together (rows would be normalised back), else
+    its query rows and their bias."""
     if found.temperature_refusal is not None:
         raise ConfigError(f"convert: {found.temperature_refusal}, so a per-head temperature cannot be folded")
+    if found.query_scale is not None:
+        edits.on(found.query_scale).add(found.query_scale, scale=(factors, 1))
+        return
     for block in found.query_norm or [b for b in (found.query, found.query_bias) if b is not None]:
         edits.on(block).add(block, scale=(factors, found.head_dim))
 

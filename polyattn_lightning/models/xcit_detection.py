@@ -120,6 +120,11 @@ class XCiTBackbone(nn.Module):
         maps = self.xcit.forward_intermediates(images, indices=list(self.out_indices), intermediates_only=True)
         return tuple(branch(x) for branch, x in zip((self.fpn1, self.fpn2, self.fpn3, self.fpn4), maps))
 
+    def new_modules(self) -> list[nn.Module]:
+        """The parts no XCiT weight file holds (the resampling branches): they train from their initialisation,
+        also when the XCiT itself is frozen (LoRA)."""
+        return [self.fpn1, self.fpn2, self.fpn3, self.fpn4]
+
     def load_pretrained(self, path: str | Path) -> tuple[list[str], list[str]]:
         """Load XCiT weights non-strictly; logs and returns (missing, unexpected) keys.
 
@@ -180,6 +185,12 @@ def read_state_dict(file: Path) -> Mapping[str, Tensor]:
         raise ConfigError(f"pretrained weights {file} hold no state dict (a mapping of names to tensors)")
     if any(k.startswith("model.") for k in state):  # a ClassificationModule: its timm model is ``model``
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    if any(".lora_A." in k for k in state):  # without this, qkv / proj would be left as initialised (missing keys)
+        raise ConfigError(
+            f"pretrained weights {file} hold LoRA adapters beside their base weights (a classification run with "
+            "model.init_args.lora): start detection from a full fine-tune's checkpoint, or give the detection run "
+            "the classification run's own pretrained weights and its lora settings"
+        )
     return state
 
 

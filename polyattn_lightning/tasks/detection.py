@@ -6,6 +6,10 @@ through the detector's data preprocessor and ``mode='loss'`` for training and
 ``mode='predict'`` for evaluation, scored by mmdet's ``CocoMetric`` once over the
 whole validation set (gathered from every DDP rank; ``detection/scoring.py``). The mmdet glue is imported
 when a detector is built, so the other tasks never import mmdet.
+
+Pretrained softmax backbones: the ``convert`` and ``lora`` options work on the backbone (the base's
+:meth:`~.base.TaskModule.attention_target`) as in classification; the detector's neck and heads are new, so they
+always train. There is no export: the checkpoint is the fine-tuned detector (LoRA adapters under peft's names).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from torch import Tensor, nn
 
 from .. import deprecated
 from ..attention import ActivationSpec
+from ..conversion import ConvertRecipe
+from ..conversion.lora import LoraRecipe
 from ..errors import ConfigError
 from .base import TaskModule
 from .optim import OptimRecipe
@@ -49,6 +55,8 @@ class DetectionModule(TaskModule):
         pretrained: str | None = None,
         optim: OptimRecipe = OptimRecipe(),
         test_after_fit: bool = False,
+        convert: ConvertRecipe = ConvertRecipe(),
+        lora: LoraRecipe | None = None,
     ):
         """
         Args:
@@ -67,6 +75,13 @@ class DetectionModule(TaskModule):
                 skips this one.)
             optim: optimizer and schedule (the XCiT 3x recipe in ``configs/detection/recipes``).
             test_after_fit: at the end of ``fit``, test with the best checkpoint (by box AP).
+            convert: converting the ``pretrained`` softmax backbone weights to ``attention`` before fine-tuning
+                (``method: transfer`` or ``calibrate``, on the first ``samples`` training images as the detector's
+                preprocessor makes them; once, saved in the checkpoint; configs/README.md, "Fine-tuning softmax
+                weights into another attention").
+            lora: LoRA adapters (peft, ``[lora]``) on the backbone attention's q/k/v/o layers instead of fully
+                fine-tuning the backbone: ``{r: 8, alpha: 16, target: [q, k, v, o]}``; the adapters, the
+                backbone's new resampling branches, the neck and the heads train, the pretrained XCiT is frozen.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -117,6 +132,18 @@ class DetectionModule(TaskModule):
 
     def optimized_module(self) -> nn.Module:
         return self.detector
+
+    def lora_trainable(self) -> list[nn.Module]:
+        """The backbone's parts that no pretrained file holds (the XCiT backbone's stride 4/8/16/32 branches), which
+        train beside the adapters; the neck and heads are outside the backbone peft freezes, so they train anyway."""
+        backbone = self.detector.backbone
+        new = getattr(backbone, "new_modules", None)
+        return list(new()) if callable(new) else []
+
+    def conversion_inputs(self, batch: dict) -> Tensor:
+        """What the backbone takes from an mmdet batch (``inputs``, ``data_samples``): the images as the data
+        preprocessor makes them for evaluation (normalised, padded to the size divisor)."""
+        return self._preprocess(batch, False)["inputs"]
 
     # ---- set-up ------------------------------------------------------------------------------------
 

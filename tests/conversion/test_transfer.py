@@ -114,3 +114,20 @@ def test_the_report_is_plain_values_a_summary_and_a_figure(tmp_path):
     assert "convert transfer to poly3: 2 layers, median layer error" in report.summary()
     torch.save({"conversion": report.as_dict()}, tmp_path / "x.pt")
     assert torch.load(tmp_path / "x.pt", weights_only=True)["conversion"]["error_after"] == report.error_after
+
+
+def test_a_channel_attention_whose_projections_play_other_roles_is_refused():
+    """DaViT's ChannelAttention attends timm's k with v as keys and q as values: the [q; k; v] rows the conversions
+    edit are not its query and key, so it is refused (before any weight changes); its V2 (roles in order) converts."""
+    from timm.models import davit
+
+    torch.manual_seed(0)
+    tokens = [torch.randn(2, 10, 16)]
+    first = davit.ChannelAttention(16, num_heads=2)
+    before = {k: v.clone() for k, v in first.state_dict().items()}
+    with pytest.raises(ConfigError, match=r"ChannelAttention attends with its projections' \[q; k; v\] blocks in the "
+                                          r"roles kvq"):
+        convert(first, "poly3", tokens, "calibrate")
+    assert all(torch.equal(before[k], v) for k, v in first.state_dict().items())
+    report = convert(davit.ChannelAttentionV2(16, num_heads=2), "poly3", tokens, "transfer", steps=STEPS)
+    assert report.error_after[0] < report.error_before[0]

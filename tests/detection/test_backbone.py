@@ -1,4 +1,5 @@
 """XCiTBackbone: strides and channels, the blocks its maps come from, attention switching, weight loading."""
+
 from __future__ import annotations
 
 import logging
@@ -108,13 +109,15 @@ def test_bad_arguments_are_named():
 def _classification_run_checkpoint(tmp_path: Path) -> Path:
     """A ClassificationModule checkpoint written mid-fit by Lightning with an EMA of the weights."""
     torch.manual_seed(2)
-    module = ClassificationModule(
-        MODELS_BY_DEPTH[12], num_classes=3, img_size=32, model_kwargs=dict(TINY)
-    )
+    module = ClassificationModule(MODELS_BY_DEPTH[12], num_classes=3, img_size=32, model_kwargs=dict(TINY))
     data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,)))
     checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="run", every_n_train_steps=3, save_top_k=-1)
     trainer = Trainer(
-        accelerator="cpu", max_steps=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[EMAWeightAveraging(decay=0.5), checkpoints],
     )
     trainer.fit(module, DataLoader(data, batch_size=4))
@@ -169,6 +172,15 @@ def test_bad_weight_files_stop_with_their_name(tmp_path):
     save_file(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1).state_dict(), vit)
     with pytest.raises(ConfigError, match="vit.safetensors hold no XCiT weights"):
         tiny_backbone(pretrained=str(vit))
+    adapted = tmp_path / "lora.ckpt"  # a ClassificationModule's checkpoint with peft adapters on qkv
+    weights = {f"model.{k}": v for k, v in tiny_timm_xcit().state_dict().items() if not k.endswith("attn.qkv.weight")}
+    weights |= {
+        "model.blocks.0.attn.qkv.base_layer.weight": torch.zeros(1),
+        "model.blocks.0.attn.qkv.lora_A.default.weight": torch.zeros(1),
+    }
+    torch.save({"state_dict": weights}, adapted)
+    with pytest.raises(ConfigError, match="lora.ckpt hold LoRA adapters beside their base weights"):
+        tiny_backbone(pretrained=str(adapted))
     wider = tmp_path / "wider.safetensors"
     save_file(timm.create_model(MODELS_BY_DEPTH[12], embed_dim=64, num_heads=2).state_dict(), wider)
     with pytest.raises(ConfigError, match=r"wider.safetensors do not fit xcit_nano_12_p16_224: .*\(64"):

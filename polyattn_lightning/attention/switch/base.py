@@ -93,6 +93,9 @@ class SwitchedAttention(nn.Module):
     capture: Capture | None
     #: How the diagnostics read the map: ``"tokens"``, ``"channels"`` or ``"shifted_windows"`` (module docstring).
     map_layout: str = "tokens"
+    #: Which of the projections' ``[q; k; v]`` blocks ``attention()`` gets as query, key and value (DaViT's channel
+    #: attention: ``"kvq"``); the conversions edit only ``"qkv"`` modules.
+    qkv_roles: str = "qkv"
 
     @property
     def activation(self) -> Activation:

@@ -51,6 +51,7 @@ class DaViTChannelAttention(DaViTChannels, ChannelAttention):
     """``timm.models.davit.ChannelAttention``: the channels of k query those of v; q is the value."""
 
     heads = property(lambda self: self.num_heads)
+    qkv_roles = "kvq"
 
     def roles(self, q, k, v, tokens):
         return k, v, q, self.scale
