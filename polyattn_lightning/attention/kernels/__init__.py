@@ -93,8 +93,10 @@ def pick(inputs: KernelInputs) -> KernelChoice:
         else:
             able.append(name)
     costs = {}
-    if BACKENDS[able[0]].cost(inputs) is not None:  # the first choice has a cost model: compare the able ones
-        for name in able:
+    first = BACKENDS[able[0]].cost(inputs)
+    if first is not None:  # the first choice has a cost model: compare the able ones
+        costs[able[0]] = first
+        for name in able[1:]:
             cost = BACKENDS[name].cost(inputs)
             if cost is not None:
                 costs[name] = cost

@@ -177,8 +177,8 @@ def device_entry(device: torch.device) -> tuple[str, dict] | None:
 
 def reload_crossover_table() -> None:
     """Read the table again on next use (after ``$POLYATTN_CROSSOVER`` changed or the file was rewritten)."""
-    crossover_table.cache_clear()
-    _entry.cache_clear()
+    for cached in (crossover_table, _entry, _quadratic_seconds, _measured_crossover):
+        cached.cache_clear()
 
 
 @functools.cache
@@ -204,6 +204,11 @@ def causal_pairs(nq: float, nk: float, causal: int | None) -> float:
 @torch.compiler.assume_constant_result  # read at trace time: a constant of the graph
 def quadratic_seconds(device: str) -> float:
     """The table's ``quadratic_seconds`` for ``device`` (``str(tensor.device)``); 1e-12 without an entry."""
+    return _quadratic_seconds(device)
+
+
+@functools.cache  # read on every auto pick: once per device (a few us a call otherwise)
+def _quadratic_seconds(device: str) -> float:
     found = device_entry(torch.device(device))
     return 1e-12 if found is None else float(found[1]["quadratic_seconds"])
 
@@ -239,6 +244,12 @@ def measured_crossover(device: str, d: int, p: int, causal: bool, mode: str) -> 
     """:func:`crossover_length` from the table: at a measured head dim its length; at another one the FLOP
     crossover scaled by the ratio measured at the nearest head dim (the kernels' efficiency relative to their
     FLOPs); ``inf`` where the table has no row for this power, causality and mode."""
+    return _measured_crossover(device, d, p, causal, mode)
+
+
+# Cached apart from the functions above: torch.compile calls those at trace time, and does not take a cached one.
+@functools.cache  # read on every auto pick (some 8 us a call otherwise)
+def _measured_crossover(device: str, d: int, p: int, causal: bool, mode: str) -> float:
     found = device_entry(torch.device(device))
     if found is None:
         return math.inf
