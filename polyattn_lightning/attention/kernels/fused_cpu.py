@@ -43,6 +43,9 @@ the blocked kernel runs instead.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -220,11 +223,22 @@ def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor
     q ``(B, H, R, d)``, k/v ``(B, H_kv, Nk, d)`` in any strides (query head ``h`` reads kv head
     ``h // (H / H_kv)``; the cache is never repeated); returns Hugging Face's ``(B, R, H, dv)`` in ``v``'s dtype.
     """
-    form = act.fused_form
-    if form is None or q.device.type != "cpu" or not load():
+    plan = decode_plan(act) if q.device.type == "cpu" else None
+    if plan is None:
         return None
+    op, form, power = plan
     scale, shift = act.row_constants(k.shape[-2])
-    return torch.ops.polyattn_cpu.decode(q, k, v, int(form[0]), form[1], t, scale, shift)
+    return op(q, k, v, form, power, t, scale, shift)
+
+
+@functools.cache
+def decode_plan(act: Activation) -> tuple[Any, int, int] | None:
+    """``(op, form, power)``: :func:`decode`'s C++ op and ``act``'s form, resolved once per activation (a decoding
+    step is a few microseconds: each lookup counts); None for an activation it does not know or without a build."""
+    form = act.fused_form
+    if form is None or not load():
+        return None
+    return torch.ops.polyattn_cpu.decode.default, int(form[0]), form[1]
 
 
 class FusedCPU(Backend):

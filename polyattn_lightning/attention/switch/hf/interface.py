@@ -21,7 +21,8 @@ attention dropout (HF passes 0 in eval), the (B, L, H, D) output layout, and the
 add (``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
 attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``). Other
 keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few query
-rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call.
+rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call;
+a one-row step on CPU reaches that call first, by the shortest path (:func:`_cpu_step`).
 Keys returned by a :class:`~.cache.RecurrentCache` layer go to that layer, which folds them into its state
 (``cache.py``).
 """
@@ -57,6 +58,8 @@ EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
 DECODE_ROWS = 8
 #: The attribute a ``RecurrentCache`` layer tags the keys its ``update`` returns with (``cache.py``).
 CACHE_TAG = "_polyattn_cache_layer"
+#: Keyword arguments that change the scores (``extras.py``): a call given any of them takes the general path.
+SCORE_KWARGS = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
 
 
 class Probe:
@@ -105,6 +108,13 @@ def polyattn_attention(
 
     q ``(B, H, Q, D)``, k/v ``(B, H_kv, KV, D)``; returns ``((B, Q, H, D), None)`` (no attention weights).
     """
+    if attention_mask is None and query.shape[2] == 1 and not dropout and SCORE_KWARGS.isdisjoint(kwargs):
+        step = _cpu_step(module, query, key)  # a KV-cache step: as few Python lines as HF's own sdpa call
+        if step is not None:
+            op, form, power, act = step
+            scale, shift = act.row_constants(key.shape[2])
+            temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+            return op(query, key, value, form, power, temperature, scale, shift), None
     spec = _spec_of(module)
     softcap, position_bias = kwargs.get("softcap"), kwargs.get("position_bias")
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
@@ -163,6 +173,34 @@ def polyattn_attention(
     else:
         out = attention(query, key, value, spec, temperature=temperature, dropout_p=dropout, is_causal=causal, **masks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _cpu_step(module: nn.Module, query: Tensor, key: Tensor) -> tuple[Any, int, int, Activation] | None:
+    """``(op, form, power, activation)`` of :func:`~...kernels.fused_cpu.decode` for a one-row call of ``module``
+    (no mask, no score keywords: checked by the caller), or None where the call takes the general path: a
+    probe, a capture, a gradient, not CPU, keys of a ``RecurrentCache``, softmax or an activation without a
+    fused form. Per call the spec's plan is one dict lookup: in generation the step runs between the model's
+    other code, where every Python line costs (measured in BENCHMARKS.md: the general path's checks made the
+    tiny Llama's 128 tokens 1.01x ``sdpa``, this one 0.98x)."""
+    if (
+        _probe is not None
+        or torch.is_grad_enabled()
+        or not query.is_cpu  # (not device.type: that builds a torch.device, 0.3 us)
+        or getattr(module, "capture", None) is not None
+        or getattr(key, CACHE_TAG, None) is not None
+    ):
+        return None
+    spec = _spec_of(module)
+    entry = _STEP_PLANS.get(id(spec))
+    if entry is None or entry[0] is not spec:  # a spec object seen first (or an id reused by a new one)
+        act = get_activation(spec)
+        plan = fused_cpu.decode_plan(act)
+        entry = _STEP_PLANS[id(spec)] = (spec, None if plan is None else (*plan, act))
+    return entry[1]
+
+
+#: id(spec) -> (spec, its one-row plan or None); the spec is kept so that its id is not reused meanwhile.
+_STEP_PLANS: dict[int, tuple[ActivationSpec, tuple | None]] = {}
 
 
 def cache_layer(key: Tensor):

@@ -155,9 +155,10 @@ def test_cached_decoding_steps_equal_the_independent_reference(kv_heads):
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
 def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_reference(kv_heads, monkeypatch):
-    """40 greedy tokens: the one-call C++ step, the materialized PyTorch step it replaced (what runs without a
-    C++ build) and the tests' own fp64 reference generate the same tokens."""
+    """40 greedy tokens: the one-call C++ step (taken by the interface's one-row path), the materialized PyTorch
+    step it replaced (what runs without a C++ build) and the tests' own fp64 reference generate the same tokens."""
     from polyattn_lightning.attention.kernels import fused_cpu
+    from polyattn_lightning.attention.switch.hf import interface
 
     model = tiny_llama(num_key_value_heads=kv_heads)
     reference = with_reference(model)
@@ -168,15 +169,42 @@ def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_
         return m.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False, use_cache=True,
                           output_logits=True, return_dict_in_generate=True, pad_token_id=0)
 
-    steps, decode = [], fused_cpu.decode
-    monkeypatch.setattr(fused_cpu, "decode", lambda *args: steps.append(decode(*args)) or steps[-1])
+    steps, plan = [], fused_cpu.decode_plan
+
+    def counted(act):  # the C++ op of the plan, counting its calls
+        op, form, power = plan(act)
+        return (lambda *args: steps.append(op(*args)) or steps[-1]), form, power
+
+    monkeypatch.setattr(interface, "_STEP_PLANS", {})
+    monkeypatch.setattr(fused_cpu, "decode_plan", counted)
     cpp, theirs = generate(model), generate(reference)
-    assert len(steps) == 2 * 39 and all(out is not None for out in steps)  # 2 layers x 39 cached steps in C++
-    monkeypatch.setattr(fused_cpu, "load", lambda: False)  # decode_step falls back to the materialized kernel
+    assert len(steps) == 2 * 39  # 2 layers x 39 cached steps, each one C++ call
+    monkeypatch.setattr(interface, "_STEP_PLANS", {})
+    monkeypatch.setattr(fused_cpu, "decode_plan", lambda act: None)  # no C++ build: the materialized kernel
     pytorch = generate(model)
     assert torch.equal(cpp.sequences, pytorch.sequences) and torch.equal(cpp.sequences, theirs.sequences)
     for ours, old in zip(cpp.logits, pytorch.logits, strict=True):
         torch.testing.assert_close(ours, old, atol=1e-5, rtol=1e-5)
+
+
+def test_the_one_row_path_equals_the_general_path_and_follows_a_new_spec():
+    """The interface's one-row step (no gradient) against the same call with a gradient (the general
+    ``attention()`` path): grouped heads, a mapping spec with its own scale, and the module switched again to
+    another activation (the cached plan is the spec's, not the module's)."""
+    from polyattn_lightning.attention.switch.hf.interface import polyattn_attention
+
+    model = tiny_llama(num_key_value_heads=2)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 16, generator=generator)
+    k, v = (torch.randn(1, 2, 13, 16, generator=generator) for _ in range(2))
+    for spec in ({"name": "poly3", "scale": 0.07}, "relu", "softplus"):
+        set_attention(model, spec)
+        module = model.model.layers[0].self_attn
+        with torch.no_grad():
+            fast = polyattn_attention(module, q, k, v, None, scaling=0.3)[0]
+        general = polyattn_attention(module, q.requires_grad_(), k, v, None, scaling=0.3)[0]
+        q = q.detach()
+        torch.testing.assert_close(fast, general.detach(), atol=1e-6, rtol=1e-5, msg=str(spec))
 
 
 def test_decode_step_is_the_general_path_on_its_inputs():
