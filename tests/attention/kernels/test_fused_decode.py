@@ -3,6 +3,8 @@ one to eight query rows, multi-head / grouped / multi-query caches, Hugging Face
 threads, and what it refuses."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from attention_reference import ELEMENTWISE, reference_attention
@@ -105,6 +107,8 @@ def test_what_it_cannot_run_is_left_to_the_caller(monkeypatch):
     custom = Activation("cube", fn=lambda s: s**3, grad=lambda s: 3 * s**2, scale="inv_sqrt_n")
     assert fused_cpu.decode(q, k, v, custom, 0.3) is None
     monkeypatch.setattr(fused_cpu, "load", lambda: False)
+    # the plan is resolved once per activation (load() is decided once per process); a fresh one sees no build
+    monkeypatch.setattr(fused_cpu, "decode_plan", functools.cache(fused_cpu.decode_plan.__wrapped__))
     assert fused_cpu.decode(q, k, v, get_activation("poly3"), 0.3) is None
 
 
