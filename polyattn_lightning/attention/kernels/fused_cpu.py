@@ -224,8 +224,11 @@ def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor
     ``h // (H / H_kv)``; the cache is never repeated); returns Hugging Face's ``(B, R, H, dv)`` in ``v``'s dtype.
     """
     plan = decode_plan(act) if q.device.type == "cpu" else None
-    if plan is None:
-        return None
+    return None if plan is None else decode_with(plan, q, k, v, act, t)
+
+
+def decode_with(plan: tuple[Any, int, int], q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor:
+    """:func:`decode` with ``act``'s :func:`decode_plan` already resolved (the HF interface keeps it per spec)."""
     op, form, power = plan
     scale, shift = act.row_constants(k.shape[-2])
     return op(q, k, v, form, power, t, scale, shift)

@@ -111,10 +111,9 @@ def polyattn_attention(
     if attention_mask is None and query.shape[2] == 1 and not dropout and SCORE_KWARGS.isdisjoint(kwargs):
         step = _cpu_step(module, query, key)  # a KV-cache step: as few Python lines as HF's own sdpa call
         if step is not None:
-            op, form, power, act = step
-            scale, shift = act.row_constants(key.shape[2])
+            plan, act = step
             temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-            return op(query, key, value, form, power, temperature, scale, shift), None
+            return fused_cpu.decode_with(plan, query, key, value, act, temperature), None
     spec = _spec_of(module)
     softcap, position_bias = kwargs.get("softcap"), kwargs.get("position_bias")
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
@@ -175,19 +174,19 @@ def polyattn_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _cpu_step(module: nn.Module, query: Tensor, key: Tensor) -> tuple[Any, int, int, Activation] | None:
-    """``(op, form, power, activation)`` of :func:`~...kernels.fused_cpu.decode` for a one-row call of ``module``
-    (no mask, no score keywords: checked by the caller), or None where the call takes the general path: a
-    probe, a capture, a gradient, not CPU, keys of a ``RecurrentCache``, softmax or an activation without a
-    fused form. Per call the spec's plan is one dict lookup: in generation the step runs between the model's
-    other code, where every Python line costs (measured in BENCHMARKS.md: the general path's checks made the
-    tiny Llama's 128 tokens 1.01x ``sdpa``, this one 0.98x)."""
+def _cpu_step(module: nn.Module, query: Tensor, key: Tensor) -> tuple[tuple, Activation] | None:
+    """``(plan, activation)`` for :func:`~...kernels.fused_cpu.decode_with` in a one-row call of ``module`` (no
+    mask, no score keywords: checked by the caller), or None where the call takes the general path: a probe, a
+    capture, a gradient, not CPU, keys of a ``RecurrentCache``, softmax or an activation without a fused form.
+    Per call the spec's plan is one dict lookup: in generation the step runs between the model's other code, where
+    every Python line costs (BENCHMARKS.md: through the general path's checks the tiny Llama's 128 tokens took
+    1.01-1.02x ``sdpa``, through this one 0.997-1.006x)."""
     if (
         _probe is not None
         or torch.is_grad_enabled()
         or not query.is_cpu  # (not device.type: that builds a torch.device, 0.3 us)
         or getattr(module, "capture", None) is not None
-        or getattr(key, CACHE_TAG, None) is not None
+        or cache_layer(key) is not None
     ):
         return None
     spec = _spec_of(module)
@@ -195,7 +194,7 @@ def _cpu_step(module: nn.Module, query: Tensor, key: Tensor) -> tuple[Any, int, 
     if entry is None or entry[0] is not spec:  # a spec object seen first (or an id reused by a new one)
         act = get_activation(spec)
         plan = fused_cpu.decode_plan(act)
-        entry = _STEP_PLANS[id(spec)] = (spec, None if plan is None else (*plan, act))
+        entry = _STEP_PLANS[id(spec)] = (spec, None if plan is None else (plan, act))
     return entry[1]
 
 
