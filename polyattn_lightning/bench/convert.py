@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch-steps", type=int, default=0, help="llama: also train poly3 from scratch this long")
     parser.add_argument("--transfer", default="{}", help='transfer options as JSON, e.g. {"steps": 300}')
     parser.add_argument("--data", default="{}", help="llama: GeneratedStoriesData arguments as JSON")
-    parser.add_argument("--lr", type=float, default=5e-4, help="vit: the full fine-tune's lr (LoRA: 10x)")
+    parser.add_argument("--lr", type=float, default=2e-4, help="vit: the full fine-tune's lr (LoRA: 10x)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--figure", default=None)
     argv = sys.argv[1:] if argv is None else argv

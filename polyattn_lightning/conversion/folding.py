@@ -92,6 +92,7 @@ class Projections:
     output: Block | None = None  # None: a per-head gain cannot be folded (output_refusal says why)
     output_refusal: str | None = None
     query_bias: Block | None = None
+    key_bias: Block | None = None
     query_norm: list[Block] = field(default_factory=list)  # per-head-sliceable q-norm weight (and bias)
     #: the module that projects the heads when the attention module returns them unprojected (BERT's output.dense)
     outer_output: nn.Module | None = None
@@ -181,6 +182,7 @@ def find_projections(model: nn.Module, module: nn.Module, heads: int, head_dim: 
     if found.output is not None and _child(module, OUTPUT) is None:
         found.outer_output = modules["o"]  # not the module's own: it projects the heads the module returns
     found.query_bias = _query_bias(module, query)
+    found.key_bias = _key_bias(key)
     found.query_norm, found.temperature_refusal = _query_norm(module, name, width)
     if getattr(module, "map_layout", "tokens") == "channels":
         found.query_scale, found.temperature_refusal = _channel_temperature(module, name, heads)
@@ -227,6 +229,12 @@ def _query_bias(module: nn.Module, query: Block) -> Block | None:
     if isinstance(getattr(module, "q_bias", None), Tensor):  # timm's EVA / BEiT: qkv without bias, q_bias beside it
         return Block(module, "q_bias", 0, 0, query.rows)
     return None
+
+
+def _key_bias(key: Block) -> Block | None:
+    """The bias entries of the key rows (EVA's and BEiT's ``k_bias`` is a fixed zero buffer: none)."""
+    bias = getattr(key.owner, "bias", None)
+    return Block(key.owner, "bias", 0, key.start, key.stop) if isinstance(bias, Tensor) else None
 
 
 def _query_norm(module: nn.Module, name: str, width: int) -> tuple[list[Block], str | None]:
@@ -344,11 +352,11 @@ class LowRank(nn.Module):
 
 
 class Full(nn.Module):
-    """A full ``(rows, inputs)`` delta, starting at zero."""
+    """A full delta of ``shape`` (``(rows, inputs)`` for a weight, ``(rows,)`` for a bias), starting at zero."""
 
-    def __init__(self, rows: int, inputs: int, like: Tensor):
+    def __init__(self, *shape: int, like: Tensor):
         super().__init__()
-        self.D = nn.Parameter(torch.zeros(rows, inputs, device=like.device))
+        self.D = nn.Parameter(torch.zeros(*shape, device=like.device))
 
     def forward(self) -> Tensor:
         return self.D

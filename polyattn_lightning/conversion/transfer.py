@@ -8,7 +8,8 @@ the loss is the sum over layers of their relative squared errors (``sum ||studen
 
 * the query and key projections, which decide attention's pattern (``qk="lora"``: a rank-``rank`` delta on the
   query rows and on the key rows, fused projections included; ``"full"``: full deltas; ``"none"``: the
-  factor-only ablation);
+  factor-only ablation), and their bias entries where they have them (``bias``): a key bias adds ``q . b_k`` to
+  every score of a query, which softmax ignores and x^p does not (it mixes lower powers of the scores in);
 * one factor per head: for x^p, relu and poly1 (``phi(t S) = t^p phi(S)``) the head's output gain, folded into
   the output projection's input slice of that head, started at its closed-form least-squares value ``<phi(S) v,
   softmax(S) v> / ||phi(S) v||^2`` (any sign); for other activations (softplus, sigmoid) a temperature on the
@@ -48,12 +49,13 @@ class TransferOptions:
 
     qk: str = "lora"
     rank: int = 8
-    lr: float = 1e-3
+    lr: float = 3e-3
     steps: int = 300
     patience: int = 3
     min_delta: float = 0.001
     layers_per_pass: int | None = None
     seed: int = 0
+    bias: bool = True
 
     def __post_init__(self):
         if self.qk not in QK_MODES:
@@ -160,6 +162,9 @@ class Student:
                 delta = _delta(block, options, generator)
                 if delta is not None:
                     self.edits.on(block).add(block, delta=delta)
+            for block in (found.query_bias, found.key_bias) if options.bias and options.qk != "none" else ():
+                if block is not None:
+                    self.edits.on(block).add(block, delta=Full(block.rows, like=block.parameter))
 
     # ---- starting values ----------------------------------------------------------------------
 
@@ -277,7 +282,7 @@ def _delta(block, options: TransferOptions, generator: torch.Generator) -> nn.Mo
     if options.qk == "lora":
         return LowRank(block.rows, block.inputs, options.rank, generator, block.parameter)
     if options.qk == "full":
-        return Full(block.rows, block.inputs, block.parameter)
+        return Full(block.rows, block.inputs, like=block.parameter)
     return None
 
 

@@ -70,20 +70,24 @@ def test_a_query_temperature_equals_the_cubed_gain_on_the_heads_output_columns(l
 def test_each_layout_names_its_own_projections():
     _, _, [llama, _] = switched(cm.llama, cm.token_samples())
     assert (llama.query.name, llama.query.axis, llama.query.rows, llama.key.rows) == ("weight", 0, 32, 16)
-    assert (llama.kv_heads, llama.output.axis, llama.query_bias) == (2, 1, None)
+    assert (llama.kv_heads, llama.output.axis, llama.query_bias, llama.key_bias) == (2, 1, None, None)
     model, _, [gpt2, _] = switched(cm.gpt2, cm.token_samples())
     c_attn = model.transformer.h[0].attn.c_attn
     assert gpt2.query.owner is c_attn and (gpt2.query.axis, gpt2.query.start, gpt2.key.start, gpt2.key.stop) == (
         1, 0, 32, 64)
     assert gpt2.output.owner is model.transformer.h[0].attn.c_proj and gpt2.output.axis == 0
     assert gpt2.query_bias.owner is c_attn and (gpt2.query_bias.start, gpt2.query_bias.stop) == (0, 32)
+    assert gpt2.key_bias.owner is c_attn and (gpt2.key_bias.name, gpt2.key_bias.start, gpt2.key_bias.stop) == (
+        "bias", 32, 64)
     model, _, [bert, _] = switched(cm.bert, cm.token_samples(padded=True))
     assert bert.outer_output is model.encoder.layer[0].attention.output.dense
     model, _, [eva, _] = switched(cm.eva, cm.image_samples(28))
     assert eva.query_bias.owner is model.blocks[0].attn and eva.query_bias.name == "q_bias"
+    assert eva.key_bias is None  # EVA's k_bias is a fixed zero buffer
     model, _, [vit, _] = switched(cm.vit, cm.image_samples(16))
     assert vit.query.owner is model.blocks[0].attn.qkv and (vit.key.start, vit.key.stop) == (32, 64)
     assert vit.output.owner is model.blocks[0].attn.proj
+    assert vit.key_bias.owner is model.blocks[0].attn.qkv and (vit.key_bias.start, vit.key_bias.stop) == (32, 64)
     model, _, [olmo, _] = switched(cm.olmo2, cm.token_samples())
     assert [b.owner for b in olmo.query_norm] == [model.model.layers[0].self_attn.q_norm]
     _, _, [qwen, _] = switched(cm.qwen3, cm.token_samples())

@@ -52,6 +52,24 @@ def test_training_the_query_and_key_projections_beats_the_factor_only_ablation()
     assert lora.transfer["trainable"] == 2 * (8 * (32 + 32) + 8 * (16 + 32) + 4)
 
 
+def test_the_query_and_key_biases_train_where_the_projections_have_them():
+    """A key bias adds ``q . b_k`` to every score of a query: softmax ignores that shift, x^3 does not (it mixes in
+    lower powers of the scores), so the transfer trains it; the value rows of the fused bias stay as they were."""
+    samples = cm.image_samples(16)
+    original = cm.vit().state_dict()
+    with_bias, report = converted(cm.vit, samples)
+    without, plain = converted(cm.vit, samples, bias=False)
+    width = 32  # embed_dim: q, k and v have 32 rows each in the fused qkv
+    assert report.transfer["trainable"] == plain.transfer["trainable"] + 2 * 2 * width  # q and k rows, 2 layers
+    for model, trained in ((with_bias, True), (without, False)):
+        bias = model.state_dict()["blocks.0.attn.qkv.bias"]
+        reference = original["blocks.0.attn.qkv.bias"]
+        # the key rows change only when trained (the query rows also take each head's temperature)
+        assert torch.equal(bias[width : 2 * width], reference[width : 2 * width]) != trained
+        assert torch.equal(bias[2 * width :], reference[2 * width :])
+    assert sum(report.error_after) < sum(plain.error_after)
+
+
 def test_the_start_is_each_heads_least_squares_gain():
     samples = cm.token_samples(batches=1)
     model = cm.llama()
