@@ -49,7 +49,7 @@ class TransferOptions:
 
     qk: str = "lora"
     rank: int = 8
-    lr: float = 3e-3
+    lr: float = 1e-3
     steps: int = 300
     patience: int = 3
     min_delta: float = 0.001
