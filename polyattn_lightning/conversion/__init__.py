@@ -69,8 +69,8 @@ def convert(
     """Switch ``model`` to ``spec`` and convert it in place on ``samples`` (see the module docstring).
 
     ``options`` are ``transfer``'s (:class:`~.transfer.TransferOptions`: ``qk``, ``rank``, ``lr``, ``steps``,
-    ``patience``, ``min_delta``, ``layers_per_pass``, ``seed``). Refusals (:class:`ConfigError`: a module whose
-    projections a method cannot edit, a temperature that cannot fold) come before any weight changes.
+    ``patience``, ``min_delta``, ``layers_per_pass``, ``seed``, ``bias``). Refusals (:class:`ConfigError`: a module
+    whose projections a method cannot edit, a temperature that cannot fold) come before any weight changes.
     """
     begin = time.perf_counter()
     if method not in METHODS:

@@ -182,7 +182,7 @@ def find_projections(model: nn.Module, module: nn.Module, heads: int, head_dim: 
     if found.output is not None and _child(module, OUTPUT) is None:
         found.outer_output = modules["o"]  # not the module's own: it projects the heads the module returns
     found.query_bias = _query_bias(module, query)
-    found.key_bias = _key_bias(key)
+    found.key_bias = _bias_rows(key)  # EVA's and BEiT's k_bias is a fixed zero buffer: none
     found.query_norm, found.temperature_refusal = _query_norm(module, name, width)
     if getattr(module, "map_layout", "tokens") == "channels":
         found.query_scale, found.temperature_refusal = _channel_temperature(module, name, heads)
@@ -222,19 +222,17 @@ def _output(module: nn.Module, output: nn.Module | None, name: str, width: int) 
     return Block(base, "weight", axis, 0, width), None
 
 
+def _bias_rows(block: Block) -> Block | None:
+    """The bias entries of a projection block's rows (None: its layer has no bias)."""
+    bias = getattr(block.owner, "bias", None)
+    return Block(block.owner, "bias", 0, block.start, block.stop) if isinstance(bias, Tensor) else None
+
+
 def _query_bias(module: nn.Module, query: Block) -> Block | None:
-    bias = getattr(query.owner, "bias", None)
-    if isinstance(bias, Tensor):
-        return Block(query.owner, "bias", 0, query.start, query.stop)
-    if isinstance(getattr(module, "q_bias", None), Tensor):  # timm's EVA / BEiT: qkv without bias, q_bias beside it
-        return Block(module, "q_bias", 0, 0, query.rows)
-    return None
-
-
-def _key_bias(key: Block) -> Block | None:
-    """The bias entries of the key rows (EVA's and BEiT's ``k_bias`` is a fixed zero buffer: none)."""
-    bias = getattr(key.owner, "bias", None)
-    return Block(key.owner, "bias", 0, key.start, key.stop) if isinstance(bias, Tensor) else None
+    rows = _bias_rows(query)
+    if rows is None and isinstance(getattr(module, "q_bias", None), Tensor):
+        return Block(module, "q_bias", 0, 0, query.rows)  # timm's EVA / BEiT: qkv without bias, q_bias beside it
+    return rows
 
 
 def _query_norm(module: nn.Module, name: str, width: int) -> tuple[list[Block], str | None]:
