@@ -4,7 +4,9 @@
 all-MiniLM-L6-v2 (``[hf-example]``) with a classification head, one AdamW step on a batch of 16 x 128 tokens
 (random ids, no padding), switched to ``poly3`` and kept on softmax (through the same interface, which equals
 HF's ``sdpa``); ``generate``, the quickstart's tiny Llama (random init, vocabulary 384) generating 128 tokens
-greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``; ``calls``, one
+greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``, on ``--instances``
+copies of each model (the same weights; a model object's own placement in memory moves its generation time by
+a few percent, more than the difference measured, so each case's median pools its copies); ``calls``, one
 attention call of that model's decoding step (1 query row against ``--cache`` keys, 72 = the mean cache of
 the generation), HF's ``sdpa`` function against ``polyattn_attention`` (its C++ step on CPU) and against the
 PyTorch step alone (``materialized_step``, what runs without the C++ build), in microseconds. The cases of each
@@ -64,16 +66,14 @@ def minilm_steps(batch: int, length: int) -> dict:
     return steps
 
 
-def llama_generation(new_tokens: int) -> dict:
+def llama_generation(new_tokens: int, instances: int = 1) -> dict:
+    """``{"sdpa#i": run, "poly3#i": run}`` for each of ``instances`` pairs of models with the same weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..attention import set_attention
 
     torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
-    switched = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
-    switched.load_state_dict(base.state_dict())
-    set_attention(switched, "poly3")
+    weights = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).state_dict()
     prompt = torch.randint(2, 384, (1, 8), generator=torch.Generator().manual_seed(0))
 
     def generate(model):
@@ -90,7 +90,23 @@ def llama_generation(new_tokens: int) -> dict:
 
         return run
 
-    return {"sdpa": generate(base), "poly3": generate(switched)}
+    runs = {}
+    for i in range(instances):
+        for case in ("sdpa", "poly3"):
+            model = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+            model.load_state_dict(weights)
+            if case != "sdpa":
+                set_attention(model, case)
+            runs[f"{case}#{i}"] = generate(model)
+    return runs
+
+
+def pooled(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The samples of each case's copies together: ``{"sdpa": [...], "poly3": [...]}`` from ``"sdpa#0"``..."""
+    cases: dict[str, list[float]] = {}
+    for name, samples in times.items():
+        cases.setdefault(name.split("#")[0], []).extend(samples)
+    return cases
 
 
 def attention_calls(cache: int, calls: int) -> dict:
@@ -144,10 +160,13 @@ PARTS = ("minilm", "generate", "calls")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median reported)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls per case and copy (median reported; a multiple of 2 x --instances for "
+                        "generate gives each model every position of the round-robin equally often)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--instances", type=int, default=3, help="copies of each generating model (pooled)")
     parser.add_argument("--cache", type=int, default=72, help="keys in the cache of the calls part")
     parser.add_argument("--calls", type=int, default=2000, help="attention calls per sample of the calls part")
     parser.add_argument("--json", default=None, help="write the full results here")
@@ -160,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         times = interleaved(minilm_steps(args.batch, args.length), args.repeats)
         report["minilm_step"] = summarise(times, "softmax", args.batch, "sequences")
     if "generate" in parts:
-        times = interleaved(llama_generation(args.new_tokens), args.repeats)
-        report["llama_generate"] = summarise(times, "sdpa", args.new_tokens, "tokens")
+        times = interleaved(llama_generation(args.new_tokens, args.instances), args.repeats)
+        report["llama_generate"] = summarise(pooled(times), "sdpa", args.new_tokens, "tokens")
+        report["llama_generate_copies"] = summarise(times, "sdpa#0", args.new_tokens, "tokens")
     if "calls" in parts:
         times = interleaved(attention_calls(args.cache, args.calls), args.repeats)
         report["decode_call"] = summarise(times, "sdpa", args.calls, "calls")
@@ -178,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| case | s | tokens/s | x sdpa |\n|---|---|---|---|")
         for name, e in report["llama_generate"].items():
             print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
+        copies = report["llama_generate_copies"]
+        print("each copy's median (s):", ", ".join(f"{name} {e['s']:.4f}" for name, e in copies.items()))
     if "decode_call" in report:
         print(f"one attention call of its decoding step, 1 query row x {args.cache} cached keys")
         print("| case | us/call | x sdpa |\n|---|---|---|")

@@ -215,23 +215,32 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
     return fused_forward(*args)[0]  # inference (decoding with a KV cache): no autograd node to build
 
 
-def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor | None:
-    """A cached-generation step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``): a few query rows
-    attending every key, no mask, no gradient, so ``n = Nk`` for every row. None where it cannot run (not CPU
-    tensors, a custom activation, no C++ build): the caller takes another kernel.
+def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float, causal: bool = False) -> Tensor | None:
+    """A cached-generation step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``): a few query rows, no
+    mask, no gradient. Not causal: every row attends every key, ``n = Nk``. Causal: the rows are the last ``R``
+    positions (a short prompt's prefill), row ``r`` attends the first ``Nk - R + r + 1`` keys. None where it
+    cannot run (not CPU tensors, a custom activation, no C++ build): the caller takes another kernel.
 
     q ``(B, H, R, d)``, k/v ``(B, H_kv, Nk, d)`` in any strides (query head ``h`` reads kv head
     ``h // (H / H_kv)``; the cache is never repeated); returns Hugging Face's ``(B, R, H, dv)`` in ``v``'s dtype.
     """
     plan = decode_plan(act) if q.device.type == "cpu" else None
-    return None if plan is None else decode_with(plan, q, k, v, act, t)
+    if plan is None:
+        return None
+    if not causal:
+        return decode_with(plan, q, k, v, act, t)
+    rows, keys = q.shape[2], k.shape[2]
+    scales, shifts = zip(*(act.row_constants(keys - rows + r + 1) for r in range(rows)))
+    op, form, power = plan
+    return op(q, k, v, form, power, t, scales, shifts, True)
 
 
 def decode_with(plan: tuple[Any, int, int], q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor:
-    """:func:`decode` with ``act``'s :func:`decode_plan` already resolved (the HF interface keeps it per spec)."""
+    """:func:`decode` (not causal) with ``act``'s :func:`decode_plan` already resolved (the HF interface keeps
+    it per spec)."""
     op, form, power = plan
     scale, shift = act.row_constants(k.shape[-2])
-    return op(q, k, v, form, power, t, scale, shift)
+    return op(q, k, v, form, power, t, (scale,), (shift,), False)
 
 
 @functools.cache

@@ -1,13 +1,13 @@
 """``fused_cpu.decode``, the one-call C++ decoding step, against the plain-PyTorch reference: every built-in form,
-one to eight query rows, multi-head / grouped / multi-query caches, Hugging Face's strided layouts, dtypes,
-threads, and what it refuses."""
+one to eight query rows, causal rows (a short prompt's prefill), multi-head / grouped / multi-query caches,
+Hugging Face's strided layouts, dtypes, threads, and what it refuses."""
 from __future__ import annotations
 
 import functools
 
 import pytest
 import torch
-from attention_reference import ELEMENTWISE, reference_attention
+from attention_reference import ELEMENTWISE, causal_reference, reference_attention
 
 from polyattn_lightning.attention import Activation, get_activation
 from polyattn_lightning.attention.kernels import fused_cpu
@@ -22,15 +22,15 @@ def cache(batch=2, heads=4, kv_heads=2, rows=1, nk=13, d=8, dv=6, dtype=torch.fl
     return q, k, v
 
 
-def expected(q, k, v, name):
+def expected(q, k, v, name, causal=False):
     """The reference on the cache repeated per query head, in HF's ``(B, R, H, dv)`` layout."""
     groups = q.shape[1] // k.shape[1]
     k, v = (x.double().repeat_interleave(groups, dim=1) for x in (k, v))
-    return reference_attention(q.double(), k, v, name).transpose(1, 2)
+    return (causal_reference if causal else reference_attention)(q.double(), k, v, name).transpose(1, 2)
 
 
-def decode(q, k, v, name, **options):
-    return fused_cpu.decode(q, k, v, get_activation(name, **options), q.shape[-1] ** -0.5)
+def decode(q, k, v, name, causal=False, **options):
+    return fused_cpu.decode(q, k, v, get_activation(name, **options), q.shape[-1] ** -0.5, causal)
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -41,6 +41,20 @@ def test_each_form_matches_the_reference(name, heads, kv_heads, rows):
     out = decode(q, k, v, name)
     assert out.shape == (2, rows, heads, 6) and out.is_contiguous()
     torch.testing.assert_close(out, expected(q, k, v, name), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+@pytest.mark.parametrize("rows, nk", [(8, 8), (5, 13), (1, 4), (6, 3)], ids=["prompt", "after-cache", "one", "fewer"])
+def test_causal_rows_see_their_prefix_with_its_own_count(name, rows, nk):
+    """Row r of R attends the first Nk - R + r + 1 keys and is scaled by that count (bottom-right causal, as
+    ``attention(is_causal=True)``); rows before the first key (Nk < R) are zeros, as the reference's."""
+    q, k, v = cache(heads=4, kv_heads=2, rows=rows, nk=nk)
+    out = decode(q, k, v, name, causal=True)
+    assert out.shape == (2, rows, 4, 6) and out.is_contiguous()
+    torch.testing.assert_close(out, expected(q, k, v, name, causal=True), rtol=1e-10, atol=1e-12)
+    if rows > 1 and nk >= rows:  # not the unmasked step: the last row attends every key, the first fewer
+        torch.testing.assert_close(out[:, -1], decode(q, k, v, name)[:, -1], rtol=1e-12, atol=1e-14)
+        assert not torch.allclose(out[:, 0], decode(q, k, v, name)[:, 0])
 
 
 def test_fp32_and_a_fixed_scale():
@@ -99,6 +113,11 @@ def test_shapes_that_do_not_fit_are_refused():
         decode(q, k[:, :, :5], v, "poly3")
     with pytest.raises(RuntimeError, match="share a dtype"):
         decode(q, k.float(), v, "poly3")
+    op, form, power = fused_cpu.decode_plan(get_activation("poly3"))
+    with pytest.raises(RuntimeError, match="1 row constant.*got 2 and 2"):
+        op(q, k, v, form, power, 0.3, (1.0, 1.0), (0.0, 0.0), False)
+    with pytest.raises(RuntimeError, match="2 row constant.*got 1 and 1"):
+        op(*cache(rows=2), form, power, 0.3, (1.0,), (0.0,), True)
 
 
 def test_what_it_cannot_run_is_left_to_the_caller(monkeypatch):

@@ -704,17 +704,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
   return {dq, dk, dv, dbias};
 }
 
-// A cached-generation step (fused_cpu.py's `decode`): a few query rows attending every key of the cache, no
-// mask, so every row has n = Nk and c(n), b(n) are two numbers the caller passes. q (B, H, R, d) and k, v
+// A cached-generation step (fused_cpu.py's `decode`): a few query rows attending the keys of the cache, no
+// mask. Not causal: every row attends all Nk keys. Causal: the rows are the last R positions, so row r attends
+// the first Nk - R + r + 1 keys (bottom-right, as everywhere here; a short prompt's prefill). c(n), b(n) are
+// one number each (not causal) or one per row (causal), computed by the caller. q (B, H, R, d) and k, v
 // (B, H_kv, Nk, d / dv) as Hugging Face hands them over (any strides, the last one 1); query head h reads kv
 // head h / (H / H_kv), so a grouped cache is never repeated. Returns (B, R, H, dv), HF's output layout, in
-// v's dtype. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x Nk score
+// v's dtype. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x n score
 // block between two BLAS products, t folded into the first and c(n) into the second. The point is the call,
 // not the arithmetic: one dispatcher call instead of the dozen tensor ops of the PyTorch path, which cost the
 // tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (BENCHMARKS.md). Half types run in fp32.
 template <typename T>
 void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, Form form,
-                 int64_t power, T temperature, T row_scale, T row_shift) {
+                 int64_t power, T temperature, const std::vector<T>& row_scale, const std::vector<T>& row_shift,
+                 bool causal) {
   const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), d = q.size(3);
   const int64_t kv_heads = k.size(1), nk = k.size(2), dv = v.size(3), group = heads / kv_heads;
   // BLAS wants a leading dimension of at least a row's length; a lone row's stride is never read
@@ -733,20 +736,28 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (kv_heads * rows), g = item / rows % kv_heads, r = item % rows;
       const T* qi = qp + b * q.stride(0) + g * group * q.stride(1) + r * q.stride(2);
-      gemm<T>(false, true, group, nk, d, temperature, qi, lq, kp + b * k.stride(0) + g * k.stride(1), lk, T(0),
-              scores, nk);
-      if (row_shift != T(0)) {
-        for (int64_t j = 0; j < group * nk; ++j) scores[j] += row_shift;
+      T* oi = op + ((b * rows + r) * heads + g * group) * dv;
+      const int64_t n = causal ? nk - rows + r + 1 : nk;
+      const T scale = row_scale[causal ? r : 0], shift = row_shift[causal ? r : 0];
+      if (n <= 0) {  // a causal row before the first key attends nothing
+        std::fill(oi, oi + group * dv, T(0));
+        continue;
       }
-      apply_f(scores, group * nk, form, power);
-      gemm<T>(false, false, group, dv, nk, row_scale, scores, nk, vp + b * v.stride(0) + g * v.stride(1), lv, T(0),
-              op + ((b * rows + r) * heads + g * group) * dv, dv);
+      gemm<T>(false, true, group, n, d, temperature, qi, lq, kp + b * k.stride(0) + g * k.stride(1), lk, T(0),
+              scores, n);
+      if (shift != T(0)) {
+        for (int64_t j = 0; j < group * n; ++j) scores[j] += shift;
+      }
+      apply_f(scores, group * n, form, power);
+      gemm<T>(false, false, group, dv, n, scale, scores, n, vp + b * v.stride(0) + g * v.stride(1), lv, T(0), oi,
+              dv);
     }
   });
 }
 
 at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t form,
-                          int64_t power, double temperature, double row_scale, double row_shift) {
+                          int64_t power, double temperature, at::ArrayRef<double> row_scale,
+                          at::ArrayRef<double> row_shift, bool causal) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
               "decode: q, k, v must be (B, H, R, d), (B, H_kv, Nk, d), (B, H_kv, Nk, dv)");
   const int64_t batch = query.size(0), heads = query.size(1), kv_heads = key.size(1), nk = key.size(2);
@@ -757,6 +768,10 @@ at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const 
   TORCH_CHECK(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(),
               "decode: q, k, v must share a dtype");
   TORCH_CHECK(form >= POLY && form <= SIGMOID && power >= 1, "decode: unknown activation form ", form);
+  const size_t constants = causal ? static_cast<size_t>(query.size(2)) : 1;
+  TORCH_CHECK(row_scale.size() == constants && row_shift.size() == constants, "decode: ", constants,
+              " row constant(s) expected (one per row when causal, else one), got ", row_scale.size(), " and ",
+              row_shift.size());
   // the compute layout: fp32 for half types; a unit last stride and rows at least a row apart (else a copy)
   const auto operand = [](const at::Tensor& t, int rows_dim) {
     at::Tensor x = at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t;
@@ -770,8 +785,10 @@ at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const 
     out.zero_();
   } else {
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode", [&] {
-      decode_impl<scalar_t>(q, k, v, out, static_cast<Form>(form), power, static_cast<scalar_t>(temperature),
-                            static_cast<scalar_t>(row_scale), static_cast<scalar_t>(row_shift));
+      const std::vector<scalar_t> scales(row_scale.begin(), row_scale.end());
+      const std::vector<scalar_t> shifts(row_shift.begin(), row_shift.end());
+      decode_impl<scalar_t>(q, k, v, out, static_cast<Form>(form), power, static_cast<scalar_t>(temperature), scales,
+                            shifts, causal);
     });
   }
   return out.scalar_type() == value.scalar_type() ? out : out.to(value.scalar_type());
@@ -788,8 +805,8 @@ TORCH_LIBRARY(polyattn_cpu, m) {
         "int block_q, int block_k, int? causal) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("dropout_keep_mask(int batch_heads, int nq, int nk, float dropout_p, int seed, int offset) -> Tensor",
         &dropout_keep_mask);
-  m.def("decode(Tensor q, Tensor k, Tensor v, int form, int power, float temperature, float row_scale, "
-        "float row_shift) -> Tensor");
+  m.def("decode(Tensor q, Tensor k, Tensor v, int form, int power, float temperature, float[] row_scale, "
+        "float[] row_shift, bool causal) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(polyattn_cpu, CPU, m) {

@@ -20,8 +20,9 @@ repeated; a capture, a softcap, a bias or sinks get them repeated here), ``scali
 attention dropout (HF passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families
 add (``extras.py``): ``position_bias`` (T5: a score bias), ``s_aux`` / ``sinks`` (GPT-OSS's and Inkling 2's
 attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh(S / c)`` before ``phi``). Other
-keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step (a few query
-rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper than HF's own ``sdpa`` call;
+keyword arguments are ignored, as HF's own SDPA function ignores them. A cached-generation step or a short
+prompt's prefill (a few query rows, no mask, no gradient) takes :func:`decode_step`: on CPU one C++ call, cheaper
+than HF's own ``sdpa`` call;
 a one-row step on CPU reaches that call first, by the shortest path (:func:`_cpu_step`).
 Keys returned by a :class:`~.cache.RecurrentCache` layer go to that layer, which folds them into its state
 (``cache.py``).
@@ -53,8 +54,8 @@ IMPLEMENTATION = "polyattn"
 #: support SDPA: some read the 4-D mask themselves in that format (NLLB-MoE's router takes ``mask.bool()`` as
 #: padding), which a boolean mask would invert.
 EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
-#: Query rows up to which an unmasked, non-causal inference call takes :func:`decode_step` (a KV-cache step:
-#: one row, which no causal mask restricts; a few unmasked rows of an encoder's short input).
+#: Query rows up to which an unmasked inference call takes :func:`decode_step` (a KV-cache step: one row, which
+#: no causal mask restricts; a short causal prompt; a few unmasked rows of an encoder's short input).
 DECODE_ROWS = 8
 #: The attribute a ``RecurrentCache`` layer tags the keys its ``update`` returns with (``cache.py``).
 CACHE_TAG = "_polyattn_cache_layer"
@@ -133,9 +134,12 @@ def polyattn_attention(
     causal, masks = False, {}
     if attention_mask is None:
         causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if causal and key.shape[2] > q_len:
+            # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+            position_bias = None if position_bias is None else position_bias[..., :q_len]
         if (
             plain
-            and not causal
             and q_len <= DECODE_ROWS
             and not torch.is_grad_enabled()
             and not dropout
@@ -144,17 +148,12 @@ def polyattn_attention(
         ):
             act = get_activation(spec)
             if not act.is_softmax:
-                return decode_step(query, key, value, act, temperature), None
+                return decode_step(query, key, value, act, temperature, causal), None
     capture = _probe.seen if _probe is not None else getattr(module, "capture", None)
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and (capture is not None or not plain):  # attention() takes grouped kv heads; these take q's
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    if attention_mask is None:
-        if causal and key.shape[2] > q_len:
-            # HF skips the mask only in a prefill of an empty static cache: the keys past q_len are empty slots
-            key, value = key[:, :, :q_len], value[:, :, :q_len]
-            position_bias = None if position_bias is None else position_bias[..., :q_len]
-    else:
+    if attention_mask is not None:
         causal, masks = interface_masks(module, attention_mask)
     if position_bias is not None:
         masks = with_position_bias(masks, position_bias)
@@ -208,26 +207,38 @@ def cache_layer(key: Tensor):
     return layer if layer is not None and layer.pending is key else None
 
 
-def decode_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
-    """A cached-generation step: a few query rows attending every key of the cache, no mask, no gradient.
+def decode_step(
+    query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float, causal: bool = False
+) -> Tensor:
+    """A cached-generation step, or a short prompt's prefill: a few query rows, no mask, no gradient.
 
-    Only taken without a mask and without causality (one query row is never causal-masked), so every row attends
-    all ``Nk`` keys: ``N = Nk``. On CPU with a built-in form: one C++ call (:func:`~...kernels.fused_cpu.decode`),
-    cheaper than HF's own SDPA call; elsewhere :func:`materialized_step`. Returns HF's ``(B, Q, H, D)`` layout.
+    Only taken without a mask. Not causal (a step: one query row is never causal-masked): every row attends all
+    ``Nk`` keys, ``N = Nk``. Causal (the prompt of an empty cache): the rows are the last ``R`` positions, row
+    ``r`` attends the first ``Nk - R + r + 1`` keys. On CPU with a built-in form: one C++ call
+    (:func:`~...kernels.fused_cpu.decode`), cheaper than HF's own ``sdpa`` call; elsewhere
+    :func:`materialized_step`. Returns HF's ``(B, Q, H, D)`` layout.
     """
-    out = fused_cpu.decode(query, key, value, act, temperature)
-    return materialized_step(query, key, value, act, temperature) if out is None else out
+    out = fused_cpu.decode(query, key, value, act, temperature, causal)
+    return materialized_step(query, key, value, act, temperature, causal) if out is None else out
 
 
-def materialized_step(query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float) -> Tensor:
+def materialized_step(
+    query: Tensor, key: Tensor, value: Tensor, act: Activation, temperature: float, causal: bool = False
+) -> Tensor:
     """:func:`decode_step` in PyTorch ops: the materialized kernel on the small ``(rows x cache)`` scores,
     grouped-query heads side by side on their kv head (broadcast, so the cache is not repeated). Some 3x HF's
     SDPA call for the tiny Llama's step on CPU (``bench hf --parts calls``), which is why CPU takes the C++ op."""
     batch, heads, rows, dim = query.shape
     kv_heads, num_keys = key.shape[1], key.shape[2]
-    grouped = query.reshape(batch, kv_heads, (heads // kv_heads) * rows, dim)
-    keys = torch.full((1, 1, 1, 1), float(num_keys), device=query.device)
-    out = materialized(grouped, key, value, act, temperature, None, None, keys, 0.0)
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group * rows, dim)  # row g * rows + r: head g of the group, row r
+    allowed = None
+    if causal:
+        allowed = causal_mask(rows, num_keys, query.device).repeat(group, 1)
+        keys = (torch.arange(rows, device=query.device) + (num_keys - rows + 1)).repeat(group).view(-1, 1)
+    else:
+        keys = torch.full((1, 1, 1, 1), float(num_keys), device=query.device)
+    out = materialized(grouped, key, value, act, temperature, allowed, None, keys.float().clamp_min(1), 0.0)
     return out.view(batch, heads, rows, -1).transpose(1, 2).contiguous()
 
 

@@ -155,8 +155,9 @@ def test_cached_decoding_steps_equal_the_independent_reference(kv_heads):
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
 def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_reference(kv_heads, monkeypatch):
-    """40 greedy tokens: the one-call C++ step (taken by the interface's one-row path), the materialized PyTorch
-    step it replaced (what runs without a C++ build) and the tests' own fp64 reference generate the same tokens."""
+    """40 greedy tokens: the one-call C++ step (taken by the interface's one-row path and by the 5-token prompt's
+    causal prefill), the materialized PyTorch step it replaced (what runs without a C++ build) and the tests'
+    own fp64 reference generate the same tokens."""
     from polyattn_lightning.attention.kernels import fused_cpu
     from polyattn_lightning.attention.switch.hf import interface
 
@@ -178,7 +179,7 @@ def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_
     monkeypatch.setattr(interface, "_STEP_PLANS", {})
     monkeypatch.setattr(fused_cpu, "decode_plan", counted)
     cpp, theirs = generate(model), generate(reference)
-    assert len(steps) == 2 * 39  # 2 layers x 39 cached steps, each one C++ call
+    assert len(steps) == 2 * 40  # 2 layers x (the prompt + 39 cached steps), each one C++ call
     monkeypatch.setattr(interface, "_STEP_PLANS", {})
     monkeypatch.setattr(fused_cpu, "decode_plan", lambda act: None)  # no C++ build: the materialized kernel
     pytorch = generate(model)
@@ -207,10 +208,12 @@ def test_the_one_row_path_equals_the_general_path_and_follows_a_new_spec():
         torch.testing.assert_close(fast, general.detach(), atol=1e-6, rtol=1e-5, msg=str(spec))
 
 
-def test_decode_step_is_the_general_path_on_its_inputs():
-    """The short path and ``attention()`` agree for up to DECODE_ROWS rows, grouped heads, other activations."""
+@pytest.mark.parametrize("causal", [False, True], ids=["step", "causal-prefill"])
+def test_decode_step_is_the_general_path_on_its_inputs(causal):
+    """The short path (the C++ op and the materialized PyTorch step) and ``attention()`` agree for up to
+    DECODE_ROWS rows, causal or not, grouped heads, other activations."""
     from polyattn_lightning.attention.functional import attention
-    from polyattn_lightning.attention.switch.hf.interface import DECODE_ROWS, decode_step
+    from polyattn_lightning.attention.switch.hf.interface import DECODE_ROWS, decode_step, materialized_step
     from polyattn_lightning.attention.registry import get_activation
 
     generator = torch.Generator().manual_seed(0)
@@ -218,9 +221,28 @@ def test_decode_step_is_the_general_path_on_its_inputs():
         q = torch.randn(2, heads, rows, 8, generator=generator)
         k, v = (torch.randn(2, kv_heads, 11, 8, generator=generator) for _ in range(2))
         groups = heads // kv_heads
-        expected = attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), name, temperature=0.3)
-        out = decode_step(q, k, v, get_activation(name), 0.3)
-        torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5, msg=name)
+        repeated = (k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1))
+        expected = attention(q, *repeated, name, temperature=0.3, is_causal=causal).transpose(1, 2)
+        for step in (decode_step, materialized_step):
+            out = step(q, k, v, get_activation(name), 0.3, causal)
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"{step.__name__} {name}")
+
+
+def test_a_short_causal_prompt_takes_one_cpp_call_equal_to_the_general_path(monkeypatch):
+    """An 8-token prompt (no mask: HF's ``sdpa_mask`` leaves causality to ``is_causal``) is one C++ call per
+    layer, and the prompt's logits are those of the general path (the same call with a gradient)."""
+    from polyattn_lightning.attention.kernels import fused_cpu
+
+    model = tiny_llama(num_key_value_heads=2)
+    set_attention(model, "poly3")
+    prompt = token_batch()[0][:1, :8]
+    calls, decode = [], fused_cpu.decode
+    monkeypatch.setattr(fused_cpu, "decode", lambda *args: calls.append(args[-1]) or decode(*args))
+    with torch.no_grad():
+        fast = model(prompt).logits
+    assert calls == [True, True]  # 2 layers, each one causal call
+    general = model(prompt).logits  # with a gradient: attention()'s causal kernel
+    torch.testing.assert_close(fast, general.detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_two_models_with_different_activations_in_one_process():
