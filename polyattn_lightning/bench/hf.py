@@ -160,9 +160,13 @@ PARTS = ("minilm", "generate", "calls")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="timed calls per case and copy (median reported; a multiple of 2 x --instances for "
-                        "generate gives each model every position of the round-robin equally often)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed calls per case and copy (median reported; a multiple of 2 x --instances for "
+        "generate gives each model every position of the round-robin equally often)",
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
