@@ -716,7 +716,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
 // tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (BENCHMARKS.md). Half types run in fp32.
 template <typename T>
 void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, Form form,
-                 int64_t power, T temperature, const std::vector<T>& row_scale, const std::vector<T>& row_shift,
+                 int64_t power, T temperature, at::ArrayRef<double> row_scale, at::ArrayRef<double> row_shift,
                  bool causal) {
   const int64_t batch = q.size(0), heads = q.size(1), rows = q.size(2), d = q.size(3);
   const int64_t kv_heads = k.size(1), nk = k.size(2), dv = v.size(3), group = heads / kv_heads;
@@ -738,7 +738,7 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
       const T* qi = qp + b * q.stride(0) + g * group * q.stride(1) + r * q.stride(2);
       T* oi = op + ((b * rows + r) * heads + g * group) * dv;
       const int64_t n = causal ? nk - rows + r + 1 : nk;
-      const T scale = row_scale[causal ? r : 0], shift = row_shift[causal ? r : 0];
+      const T scale = static_cast<T>(row_scale[causal ? r : 0]), shift = static_cast<T>(row_shift[causal ? r : 0]);
       if (n <= 0) {  // a causal row before the first key attends nothing
         std::fill(oi, oi + group * dv, T(0));
         continue;
@@ -785,10 +785,8 @@ at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const 
     out.zero_();
   } else {
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode", [&] {
-      const std::vector<scalar_t> scales(row_scale.begin(), row_scale.end());
-      const std::vector<scalar_t> shifts(row_shift.begin(), row_shift.end());
-      decode_impl<scalar_t>(q, k, v, out, static_cast<Form>(form), power, static_cast<scalar_t>(temperature), scales,
-                            shifts, causal);
+      decode_impl<scalar_t>(q, k, v, out, static_cast<Form>(form), power, static_cast<scalar_t>(temperature),
+                            row_scale, row_shift, causal);
     });
   }
   return out.scalar_type() == value.scalar_type() ? out : out.to(value.scalar_type());

@@ -235,10 +235,11 @@ def materialized_step(
     allowed = None
     if causal:
         allowed = causal_mask(rows, num_keys, query.device).repeat(group, 1)
-        keys = (torch.arange(rows, device=query.device) + (num_keys - rows + 1)).repeat(group).view(-1, 1)
+        first = num_keys - rows + 1  # the keys row 0 attends (a count below 1 is clamped by the activation)
+        keys = torch.arange(first, first + rows, dtype=torch.float32, device=query.device).repeat(group).view(-1, 1)
     else:
         keys = torch.full((1, 1, 1, 1), float(num_keys), device=query.device)
-    out = materialized(grouped, key, value, act, temperature, allowed, None, keys.float().clamp_min(1), 0.0)
+    out = materialized(grouped, key, value, act, temperature, allowed, None, keys, 0.0)
     return out.view(batch, heads, rows, -1).transpose(1, 2).contiguous()
 
 
