@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=5,
+        default=6,
         help="timed calls per case and copy (median reported; a multiple of 2 x --instances for "
         "generate gives each model every position of the round-robin equally often)",
     )
