@@ -5,8 +5,12 @@ all-MiniLM-L6-v2 (``[hf-example]``) with a classification head, one AdamW step o
 (random ids, no padding), switched to ``poly3`` and kept on softmax (through the same interface, which equals
 HF's ``sdpa``); ``generate``, the quickstart's tiny Llama (random init, vocabulary 384) generating 128 tokens
 greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``, on ``--instances``
-copies of each model (the same weights; a model object's own placement in memory moves its generation time by
-a few percent, more than the difference measured, so each case's median pools its copies); ``calls``, one
+model objects (the same weights), each switched to ``poly3`` and generating with either implementation in turn
+(``set_attn_implementation`` before each generation, some 30 us, timed with it; the switch leaves HF's
+attention module code as it was): an object's placement in memory moves its generation time by a few percent,
+more than the difference measured, and both cases of one object share it. Besides the ratio of the pooled
+medians, the ``generate`` part reports the median of the paired ratios (one object, one round) with its
+distribution-free 95% interval, which narrows as ``--repeats`` grows; ``calls``, one
 attention call of that model's decoding step (1 query row against ``--cache`` keys, 72 = the mean cache of
 the generation), HF's ``sdpa`` function against ``polyattn_attention`` (its C++ step on CPU) and against the
 PyTorch step alone (``materialized_step``, what runs without the C++ build), in microseconds. The cases of each
@@ -67,7 +71,8 @@ def minilm_steps(batch: int, length: int) -> dict:
 
 
 def llama_generation(new_tokens: int, instances: int = 1) -> dict:
-    """``{"sdpa#i": run, "poly3#i": run}`` for each of ``instances`` pairs of models with the same weights."""
+    """``{"sdpa#i": run, "poly3#i": run}`` for each of ``instances`` model objects with the same weights, both runs
+    of object ``i`` on that one object (its implementation set before each generation)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..attention import set_attention
@@ -76,8 +81,9 @@ def llama_generation(new_tokens: int, instances: int = 1) -> dict:
     weights = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).state_dict()
     prompt = torch.randint(2, 384, (1, 8), generator=torch.Generator().manual_seed(0))
 
-    def generate(model):
+    def generate(model, implementation):
         def run(_):
+            model.set_attn_implementation(implementation)
             with torch.no_grad():  # min_new_tokens: every case generates exactly new_tokens
                 model.generate(
                     prompt,
@@ -92,12 +98,11 @@ def llama_generation(new_tokens: int, instances: int = 1) -> dict:
 
     runs = {}
     for i in range(instances):
-        for case in ("sdpa", "poly3"):
-            model = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
-            model.load_state_dict(weights)
-            if case != "sdpa":
-                set_attention(model, case)
-            runs[f"{case}#{i}"] = generate(model)
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
+        model.load_state_dict(weights)
+        set_attention(model, "poly3")
+        runs[f"sdpa#{i}"] = generate(model, "sdpa")
+        runs[f"poly3#{i}"] = generate(model, model.config._attn_implementation)
     return runs
 
 
@@ -107,6 +112,24 @@ def pooled(times: dict[str, list[float]]) -> dict[str, list[float]]:
     for name, samples in times.items():
         cases.setdefault(name.split("#")[0], []).extend(samples)
     return cases
+
+
+def paired(times: dict[str, list[float]], case: str, base: str) -> dict:
+    """The ratios ``case#i / base#i`` of each object's samples of one round: median and 95% interval.
+
+    The interval is the median's distribution-free one: the order statistics ``k`` and ``n - k + 1`` of the
+    ``n`` sorted ratios, ``k = floor(n / 2 - 0.98 sqrt(n))`` (the normal approximation of the binomial count of
+    ratios below the median), so it assumes nothing about how the run's noise is distributed.
+    """
+    ratios = sorted(
+        a / b
+        for name, samples in times.items()
+        if name.split("#")[0] == case
+        for a, b in zip(samples, times[base + name[len(case) :]], strict=True)
+    )
+    n = len(ratios)
+    k = max(1, int(n / 2 - 0.98 * n**0.5))
+    return {"median": statistics.median(ratios), "ci95": [ratios[k - 1], ratios[n - k]], "pairs": n}
 
 
 def attention_calls(cache: int, calls: int) -> dict:
@@ -164,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=6,
-        help="timed calls per case and copy (median reported; a multiple of 2 x --instances for "
+        help="timed calls per case and object (median reported; a multiple of 2 x --instances for "
         "generate gives each model every position of the round-robin equally often)",
     )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--instances", type=int, default=3, help="copies of each generating model (pooled)")
+    parser.add_argument(
+        "--instances", type=int, default=3, help="model objects generating, each with both implementations (pooled)"
+    )
     parser.add_argument("--cache", type=int, default=72, help="keys in the cache of the calls part")
     parser.add_argument("--calls", type=int, default=2000, help="attention calls per sample of the calls part")
     parser.add_argument("--json", default=None, help="write the full results here")
@@ -186,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         times = interleaved(llama_generation(args.new_tokens, args.instances), args.repeats)
         report["llama_generate"] = summarise(pooled(times), "sdpa", args.new_tokens, "tokens")
         report["llama_generate_copies"] = summarise(times, "sdpa#0", args.new_tokens, "tokens")
+        report["llama_generate_paired"] = paired(times, "poly3", "sdpa")
     if "calls" in parts:
         times = interleaved(attention_calls(args.cache, args.calls), args.repeats)
         report["decode_call"] = summarise(times, "sdpa", args.calls, "calls")
@@ -203,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, e in report["llama_generate"].items():
             print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
         copies = report["llama_generate_copies"]
-        print("each copy's median (s):", ", ".join(f"{name} {e['s']:.4f}" for name, e in copies.items()))
+        print("each object's median (s):", ", ".join(f"{name} {e['s']:.4f}" for name, e in copies.items()))
+        pairs = report["llama_generate_paired"]
+        low, high = pairs["ci95"]
+        print(
+            f"poly3 / sdpa paired (one object, one round): median {pairs['median']:.3f}, "
+            f"95% interval {low:.3f}-{high:.3f}, {pairs['pairs']} pairs"
+        )
     if "decode_call" in report:
         print(f"one attention call of its decoding step, 1 query row x {args.cache} cached keys")
         print("| case | us/call | x sdpa |\n|---|---|---|")

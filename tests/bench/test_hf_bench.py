@@ -6,6 +6,7 @@ import json
 import pytest
 
 from polyattn_lightning.bench.__main__ import main as bench_main
+from polyattn_lightning.bench.hf import paired
 
 
 def test_hf_bench_reports_ratios(tmp_path):
@@ -16,12 +17,30 @@ def test_hf_bench_reports_ratios(tmp_path):
     assert set(report["minilm_step"]) == {"softmax", "poly3"} and report["minilm_step"]["softmax"]["ratio_time"] == 1
     assert set(report["llama_generate"]) == {"sdpa", "poly3"} and report["llama_generate"]["poly3"]["ratio_time"] > 0
     copies = report["llama_generate_copies"]
-    assert set(copies) == {"sdpa#0", "poly3#0", "sdpa#1", "poly3#1"}  # pooled: each case's two copies' samples
+    assert set(copies) == {"sdpa#0", "poly3#0", "sdpa#1", "poly3#1"}  # pooled: each case's two objects' samples
     assert sorted(report["llama_generate"]["poly3"]["samples_s"]) == sorted(
         copies["poly3#0"]["samples_s"] + copies["poly3#1"]["samples_s"])
+    samples = {name: entry["samples_s"] for name, entry in copies.items()}
+    ratios = sorted(a / b for i in "01" for a, b in zip(samples[f"poly3#{i}"], samples[f"sdpa#{i}"]))
+    pairs = report["llama_generate_paired"]
+    assert pairs["pairs"] == 2 and pairs["median"] == pytest.approx(sum(ratios) / 2)
+    assert pairs["ci95"] == [ratios[0], ratios[1]]  # two pairs: the interval is their range
     assert set(report["decode_call"]) == {"sdpa", "poly3", "poly3 PyTorch step"}
     assert report["decode_call"]["poly3"]["us_per_call"] > 0
     assert "load_average_before" in report["machine"]
+
+
+def test_paired_ratios_pair_each_object_s_rounds_and_bound_the_median():
+    # object 0's ratios 1.1, 1.2, ...; object 1's 2.0: the pairing is per object and per round, not pooled
+    times = {f"sdpa#{i}": [1.0] * 50 for i in range(2)}
+    times["poly3#0"] = [1 + r / 10 for r in range(1, 51)]
+    times["poly3#1"] = [2.0] * 50
+    result = paired(times, "poly3", "sdpa")
+    ratios = sorted(times["poly3#0"] + times["poly3#1"])
+    assert result["pairs"] == 100 and result["median"] == pytest.approx((ratios[49] + ratios[50]) / 2)
+    assert result["ci95"] == [ratios[39], ratios[60]]  # n = 100: the textbook order statistics 40 and 61
+    with pytest.raises(ValueError):  # a case without its base's samples of every round
+        paired({"sdpa#0": [1.0], "poly3#0": [1.0, 2.0]}, "poly3", "sdpa")
 
 
 def test_hf_bench_runs_only_the_parts_asked_and_refuses_unknown_ones(tmp_path, capsys):
