@@ -107,7 +107,7 @@ def llama_generation(new_tokens: int, instances: int = 1) -> dict:
 
 
 def pooled(times: dict[str, list[float]]) -> dict[str, list[float]]:
-    """The samples of each case's copies together: ``{"sdpa": [...], "poly3": [...]}`` from ``"sdpa#0"``..."""
+    """The samples of each case's objects together: ``{"sdpa": [...], "poly3": [...]}`` from ``"sdpa#0"``..."""
     cases: dict[str, list[float]] = {}
     for name, samples in times.items():
         cases.setdefault(name.split("#")[0], []).extend(samples)
@@ -121,12 +121,12 @@ def paired(times: dict[str, list[float]], case: str, base: str) -> dict:
     ``n`` sorted ratios, ``k = floor(n / 2 - 0.98 sqrt(n))`` (the normal approximation of the binomial count of
     ratios below the median), so it assumes nothing about how the run's noise is distributed.
     """
-    ratios = sorted(
-        a / b
-        for name, samples in times.items()
-        if name.split("#")[0] == case
-        for a, b in zip(samples, times[base + name[len(case) :]], strict=True)
-    )
+    ratios = []
+    for name, samples in times.items():
+        name_case, _, i = name.partition("#")
+        if name_case == case:
+            ratios += [a / b for a, b in zip(samples, times[f"{base}#{i}"], strict=True)]
+    ratios.sort()
     n = len(ratios)
     k = max(1, int(n / 2 - 0.98 * n**0.5))
     return {"median": statistics.median(ratios), "ci95": [ratios[k - 1], ratios[n - k]], "pairs": n}

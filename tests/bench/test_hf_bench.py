@@ -31,14 +31,15 @@ def test_hf_bench_reports_ratios(tmp_path):
 
 
 def test_paired_ratios_pair_each_object_s_rounds_and_bound_the_median():
-    # object 0's ratios 1.1, 1.2, ...; object 1's 2.0: the pairing is per object and per round, not pooled
-    times = {f"sdpa#{i}": [1.0] * 50 for i in range(2)}
-    times["poly3#0"] = [1 + r / 10 for r in range(1, 51)]
-    times["poly3#1"] = [2.0] * 50
+    # base times differ by object and by round, so pairing across objects or rounds gives other ratios:
+    # object 0's ratios 1.1, 1.2, ..., 6.0, object 1's all 2.0
+    truth = {0: [1 + r / 10 for r in range(1, 51)], 1: [2.0] * 50}
+    times = {f"sdpa#{i}": [(i + 1) * (1 + r / 100) for r in range(50)] for i in truth}
+    times.update({f"poly3#{i}": [t * q for t, q in zip(times[f"sdpa#{i}"], truth[i])] for i in truth})
     result = paired(times, "poly3", "sdpa")
-    ratios = sorted(times["poly3#0"] + times["poly3#1"])
+    ratios = sorted(truth[0] + truth[1])
     assert result["pairs"] == 100 and result["median"] == pytest.approx((ratios[49] + ratios[50]) / 2)
-    assert result["ci95"] == [ratios[39], ratios[60]]  # n = 100: the textbook order statistics 40 and 61
+    assert result["ci95"] == pytest.approx([ratios[39], ratios[60]])  # n = 100: the textbook order statistics 40 and 61
     with pytest.raises(ValueError):  # a case without its base's samples of every round
         paired({"sdpa#0": [1.0], "poly3#0": [1.0, 2.0]}, "poly3", "sdpa")
 
