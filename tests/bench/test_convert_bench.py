@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from polyattn_lightning.attention import attention
@@ -48,3 +49,43 @@ def test_vit_recovery_runs_the_tasks_convert_step(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["switch"]) == {"none", "calibrate", "transfer"} and 0 <= report["teacher_top1"] <= 1
     assert set(report["finetune"]["poly3/transfer/lora"]) == {"1"}
+
+
+def test_minilm_is_judged_on_held_out_sentences_of_its_samples_style_and_of_another(tmp_path):
+    out = tmp_path / "minilm.json"
+    assert bench_main(["convert", "minilm", "--samples", "16", "--sentences", "12", "--other-style", "9",
+                       "--activations", "poly3", "--methods", "none,transfer", "--transfer", '{"steps": 2}',
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["samples"], report["held_out"], report["other_style"]) == (16, 12, 9)
+    assert set(report["results"]) == {"poly3/none", "poly3/transfer"}
+    transfer = report["results"]["poly3/transfer"]
+    assert transfer["conversion"]["held_out"] == 4 and len(transfer["conversion"]["error_held_out"]) == 6
+    for style in ("held_out", "other_style"):
+        assert -1 <= transfer[style]["min_cosine"] <= transfer[style]["mean_cosine"] <= 1
+        assert transfer[style]["mean_cosine"] > report["results"]["poly3/none"][style]["mean_cosine"]
+
+
+def test_agreement_is_the_mean_cosine_and_the_spearman_of_the_pairwise_similarities():
+    from scipy.stats import spearmanr
+
+    from polyattn_lightning.bench.convert import agreement
+
+    g = torch.Generator().manual_seed(0)
+    reference = torch.nn.functional.normalize(torch.randn(12, 8, generator=g), dim=-1)
+    got = torch.nn.functional.normalize(reference + 0.5 * torch.randn(12, 8, generator=g), dim=-1)
+    result = agreement(got, reference)
+    pairs = torch.triu_indices(12, 12, offset=1)
+    expected = spearmanr((got @ got.T)[pairs[0], pairs[1]], (reference @ reference.T)[pairs[0], pairs[1]])
+    assert result["spearman"] == pytest.approx(expected.statistic, abs=1e-12)
+    assert result["mean_cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(got, reference).mean()))
+    assert result["min_cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(got, reference).min()))
+
+
+def test_the_everyday_sentences_are_distinct_unlike_the_samples_and_interleave_their_kinds():
+    from polyattn_lightning.bench.sentences import HEADLINES, QUESTIONS, REMARKS, everyday_sentences, varied_sentences
+
+    every = everyday_sentences()
+    assert len(every) == len(set(every)) == 96 and not set(every) & set(varied_sentences(700))
+    assert every[:3] == [QUESTIONS[0], HEADLINES[0], REMARKS[0]] and everyday_sentences(5) == every[:5]
+    assert all(s.endswith("?") for s in QUESTIONS) and not any(s[-1] in ".?!" for s in HEADLINES)

@@ -92,3 +92,28 @@ def test_a_merged_export_loads_without_peft_and_switches_back(tmp_path):
     assert not is_lora(plain) and not any("lora" in k for k in plain.state_dict())
     loaded = load_pretrained(tmp_path, AutoModelForCausalLM)
     torch.testing.assert_close(out(loaded, batch), out(model, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_the_options_come_as_a_recipe_a_mapping_or_keywords_and_an_unknown_one_is_refused_in_one_line():
+    batch = cm.token_samples(batches=1)[0]
+    counts = []
+    for options in ({"recipe": LoraRecipe(r=2, target=["q", "v"])}, {"recipe": {"r": 2, "target": ["q", "v"]}},
+                     {"r": 2, "target": ["q", "v"]}):
+        counts.append(add_lora(switched(cm.llama, batch), **options)["adapters"])
+    # 2 layers, r 2 on q (32 x 32) and v (16 x 32): A and B each
+    assert counts[0] == counts[1] == counts[2] == 2 * (2 * (32 + 32) + 2 * (32 + 16))
+    model = switched(cm.llama, batch)
+    refusals = [
+        (lambda: add_lora(model, dropuot=0.1), "add_lora: unknown option 'dropuot' (did you mean 'dropout'?); the "
+                                               "options are recipe, trainable, r, alpha, dropout, target"),
+        (lambda: add_lora(model, rank=4), "add_lora: unknown option 'rank'; the options are recipe, trainable, r, "),
+        (lambda: add_lora(model, {"r": 2, "alfa": 4.0}), "lora: unknown option 'alfa' (did you mean 'alpha'?); the "
+                                                         "options are r, alpha, dropout, target"),
+        (lambda: LoraRecipe(**{"targets": ["q"]}), "lora: unknown option 'targets' (did you mean 'target'?)"),
+        (lambda: add_lora(model, LoraRecipe(), r=4), "add_lora: the options are given twice, as recipe and as r"),
+    ]
+    for call, message in refusals:
+        with pytest.raises(ConfigError) as refused:
+            call()
+        assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    assert not is_lora(model)  # nothing was put on the model by a refused call
