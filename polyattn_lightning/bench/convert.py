@@ -9,11 +9,12 @@ Quality numbers, not speed (any machine load gives the same numbers, only later)
   ``--seeds`` seeds, beside a softmax-to-softmax control with the same steps (and, with ``--scratch-steps``, the
   x^3 model trained from scratch as long as the teacher);
 * ``minilm``: all-MiniLM-L6-v2 (``[hf-example]``): mean cosine of the converted model's sentence embeddings (mean
-  pooling) to the softmax model's on held-out sentences, and the Spearman correlation of their pairwise
-  similarities; the conversion runs on other sentences;
+  pooling) to the softmax model's, and the Spearman correlation of their pairwise similarities, on sentences the
+  conversion did not see (:mod:`.sentences`): held-out technical sentences of the samples' own style
+  (``--sentences``), and everyday ones of another style (``--other-style``: questions, headlines, remarks);
 * ``vit``: a ViT trained with softmax by this project (``--teacher``: the digits quickstart's ``.ckpt``), converted
-  to x^3: validation top-1 right after the switch and after ``--budgets`` steps (default 1%, 5%, 10% of its 440),
-  full and LoRA.
+  to x^3: validation top-1 right after the switch (with each conversion's report) and after ``--budgets`` steps
+  (default 1%, 5%, 10% of its 440), full and LoRA.
 
 Each writes its numbers to ``--json`` and its recovery curves to ``--figure``.
 """
@@ -310,7 +311,7 @@ def vit(args) -> dict[str, Any]:
         )  # fmt: skip
 
     teacher = top1(module("softmax"))
-    report: dict[str, Any] = {"teacher_top1": teacher, "switch": {}, "finetune": {}}
+    report: dict[str, Any] = {"teacher_top1": teacher, "switch": {}, "finetune": {}, "conversion": {}}
     print(f"softmax teacher: val top-1 {teacher:.4f}", flush=True)
     for method in ("none", "calibrate", "transfer"):
         for mode in ("full", "lora"):
@@ -330,6 +331,7 @@ def vit(args) -> dict[str, Any]:
                 key = f"poly3/{method}/{mode}"
                 if steps == 0:
                     report["switch"][method] = scores[0]
+                    report["conversion"][method] = task.conversion
                 report["finetune"].setdefault(key, {})[str(steps)] = {"median": median(scores), "seeds": scores}
                 print(f"{key:24s} {steps:3d} steps: val top-1 median {median(scores):.4f}", flush=True)
     if args.figure:

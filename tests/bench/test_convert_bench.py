@@ -48,6 +48,9 @@ def test_vit_recovery_runs_the_tasks_convert_step(tmp_path):
                        "--samples", "8", "--transfer", '{"steps": 2}', "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["switch"]) == {"none", "calibrate", "transfer"} and 0 <= report["teacher_top1"] <= 1
+    conversions = report["conversion"]  # the task's own convert step: none converts nothing
+    assert conversions["none"] is None and conversions["calibrate"]["method"] == "calibrate"
+    assert conversions["transfer"]["held_out"] == 2 and conversions["transfer"]["transfer"]["steps"] == 2
     assert set(report["finetune"]["poly3/transfer/lora"]) == {"1"}
 
 
