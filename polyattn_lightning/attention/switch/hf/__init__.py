@@ -5,8 +5,9 @@ them (SigLIP: its encoders through the interface, its pooling head's ``nn.Multih
 
 * the interface (most models): the function of ``interface.py`` is registered under
   ``attn_implementation="polyattn"`` and the model gets ``model.set_attn_implementation("polyattn")``; it honours
-  the masks (``masks.py``: BEiT's, Doge's and Swin's carry a score bias) and the keyword arguments some families
-  pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``); a model
+  the masks (``masks.py``: BEiT's, Doge's, Swin's and ALiBi Falcon's carry a score bias) and the keyword
+  arguments some families pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's
+  ``softcap``); a model
   without SDPA support gets HF's float eager masks instead of boolean ones (``interface.implementation_for``);
 * an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, RemBERT, TAPAS, VisualBERT,
   Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``)
@@ -49,6 +50,7 @@ from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
 from ..base import SwitchedAttention
 from ..recorder import SoftmaxCall, softmax_calls
+from ..reviewed import UnreviewedCode
 from . import interface
 from .cache import RecurrentCache
 from .families import adapter_for
@@ -85,13 +87,14 @@ def set_attention(
 
     Raises :class:`ConfigError`, leaving the model as it was, when an attention layer is neither reached through
     transformers' ``AttentionInterface`` nor has an adapter, still computes softmax, has a configuration its
-    adapter refuses.
+    adapter refuses, or has code its adapter was not reviewed against in the installed transformers release
+    (:class:`~..reviewed.UnreviewedCode`, ``switch/reviewed.py``).
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)
     model_name = type(model).__name__
-    adapted = [(name, module, adapter) for name, module in model.named_modules() if (adapter := adapter_for(module))]
+    adapted = _adapted(model)
     refused = [f"{name} ({type(m).__name__}): {why}" for name, m, adapter in adapted if (why := _refusal(adapter, m))]
     if refused:
         raise ConfigError(f"{model_name} cannot be switched: {'; '.join(refused)}")
@@ -119,6 +122,20 @@ def set_attention(
         module.activation_spec = activation
     setattr(model.config, CONFIG_KEY, activation)
     return len(found)
+
+
+def _adapted(model: PreTrainedModel) -> list[tuple[str, nn.Module, type[SwitchedAttention]]]:
+    """``(name, module, adapter)`` of the modules switched by an adapter; a module whose library code was not
+    reviewed refuses the model (one line naming the module)."""
+    adapted = []
+    for name, module in model.named_modules():
+        try:
+            adapter = adapter_for(module)
+        except UnreviewedCode as error:
+            raise UnreviewedCode(f"{type(model).__name__} cannot be switched: {name}: {error}") from None
+        if adapter is not None:
+            adapted.append((name, module, adapter))
+    return adapted
 
 
 def _refusal(adapter: type[SwitchedAttention], module: nn.Module) -> str | None:

@@ -8,7 +8,8 @@ position terms. Two kinds:
   boolean masks from ``sdpa_mask``): the generic eager function (``repeat_kv``, ``S = q k^T * scaling``), plus
   what some families add: T5's ``position_bias``, Gemma 2's ``softcap``, GPT-OSS's and Inkling 2's sinks (for
   poly3 the meaning the switch defines: a key with value 0, so N counts it), BEiT's and Doge's float masks (a
-  score bias, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
+  score bias, ``finfo.min`` where masked), Falcon's from transformers 5.25 on (``alibi / sqrt(d)``, taken in its
+  relative form for poly3, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
   without SDPA support get HF's float eager masks (:data:`REFERENCE_EAGER_MASKS`), as HF runs them;
 * class swaps (:data:`SWAPS`): a subclass of the HF attention class whose ``forward`` is HF's eager forward
   with ``phi``, for the families outside the interface and for Swin (whose bias and shift mask are apart only
@@ -22,6 +23,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+import transformers
+from packaging.version import Version
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
@@ -75,6 +78,9 @@ def attention_reference(module, query, key, value, attention_mask, dropout=0.0, 
     elif isinstance(module, (BeitAttention, DogeAttention)):  # a bias as the mask: BEiT's position bias, Doge's
         keep = attention_mask > torch.finfo(attention_mask.dtype).min
         scores = scores + torch.where(keep, attention_mask.double(), 0.0)
+    elif isinstance(module, falcon.FalconAttention):  # transformers >= 5.25: alibi / sqrt(d), finfo.min where masked
+        keep = attention_mask > torch.finfo(attention_mask.dtype).min
+        scores = scores + relative_rows(torch.where(keep, attention_mask.double(), 0.0))
     else:
         keep = attention_mask == 0
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
@@ -247,6 +253,13 @@ class RefGPTNeoAttention(gpt_neo.GPTNeoSelfAttention):
         return (phi(scores, keep) @ value.double()).to(value.dtype), None
 
 
+def relative_rows(bias):
+    """ALiBi in its relative form from a bias per row ``(B, H, Q, K)`` (HF's ``slope * position_j`` in every row):
+    each row minus its value at the query's own key, ``i + K - Q``."""
+    own = torch.diagonal(bias, offset=bias.shape[-1] - bias.shape[-2], dim1=-2, dim2=-1)
+    return bias - own[..., None]
+
+
 def relative(alibi, num_queries):
     """ALiBi in its relative form: ``slope * (position_j - position_i)`` from HF's ``slope * position_j``
     ``(B, H, 1, K)``: query i is key ``i + K - Q``."""
@@ -254,7 +267,14 @@ def relative(alibi, num_queries):
     return per_key[:, :, None, :] - per_key[:, :, -num_queries:, None]
 
 
+#: transformers 5.25 moved Falcon onto the AttentionInterface (its model adds ALiBi into the mask); 5.24's
+#: FalconAttention computes attention itself (and takes ``alibi``).
+FALCON_THROUGH_THE_INTERFACE = Version(transformers.__version__) >= Version("5.25")
+
+
 class RefFalconAttention(falcon.FalconAttention):
+    """transformers 5.24's FalconAttention (its SDPA path)."""
+
     def forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
                 output_attentions=False, position_embeddings=None, **kwargs):
         heads, d = self.num_heads, self.head_dim
@@ -312,7 +332,7 @@ SWAPS = {
     d2v.Data2VecVisionSelfAttention: RefData2VecVisionAttention,
     swinv2.Swinv2SelfAttention: RefSwinv2Attention,
     gpt_neo.GPTNeoSelfAttention: RefGPTNeoAttention,
-    falcon.FalconAttention: RefFalconAttention,
+    **({} if FALCON_THROUGH_THE_INTERFACE else {falcon.FalconAttention: RefFalconAttention}),
     bloom.BloomAttention: RefBloomAttention,
     nn.MultiheadAttention: RefMultiheadAttention,
 }

@@ -27,6 +27,8 @@ def _scale_factor(module) -> int:
 class DebertaSelfAttention(HFSwitched, v1.DisentangledSelfAttention):
     """``transformers.models.deberta.modeling_deberta.DisentangledSelfAttention``."""
 
+    relies_on = ("scaled_size_sqrt", "DebertaAttention.forward", "DebertaEncoder.forward")
+
     def refusal(self) -> str | None:
         if self.talking_head:
             return "talking_head=True mixes the heads before and after the softmax, which no adapter expresses"
@@ -63,6 +65,8 @@ class DebertaSelfAttention(HFSwitched, v1.DisentangledSelfAttention):
 class DebertaV2SelfAttention(HFSwitched, v2.DisentangledSelfAttention):
     """``transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention`` (heads in the batch
     axis, ``(B * H, N, d)``, as HF lays them out)."""
+
+    relies_on = ("scaled_size_sqrt", "DebertaV2Attention.forward", "DebertaV2Encoder.forward")
 
     def forward(
         self,
