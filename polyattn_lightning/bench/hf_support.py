@@ -27,6 +27,7 @@ from ..attention.switch import set_attention
 from ..attention.switch.base import attention_modules
 from ..attention.switch.hf import probe_inputs
 from ..attention.switch.hf.families import adapter_for
+from ..attention.switch.reviewed import records
 from ..errors import ConfigError
 from . import quiet_loggers
 from .readme_table import Markers, table_command
@@ -280,7 +281,7 @@ def measure(fam: Family) -> SupportRow:
         return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300])
     switched_modules = [m for _, m in attention_modules(model)]
     counts = Counter(_hf_class(m).__name__ for m in switched_modules)
-    route = " + ".join(sorted({"adapter" if adapter_for(m) else "interface" for m in switched_modules}, reverse=True))
+    route = " + ".join(sorted({_route(m) for m in switched_modules}, reverse=True))
     switched = "<br>".join(f"`{name}` x{n}" for name, n in sorted(counts.items()))
     state = "switched" if error <= SOFTMAX_PARITY else f"wrong: softmax differs from HF's by {error:.1e}"
     return SupportRow(fam.name, fam.model, route, switched, state)
@@ -288,6 +289,20 @@ def measure(fam: Family) -> SupportRow:
 
 #: The largest difference from HF's own softmax outputs that counts as equal.
 SOFTMAX_PARITY = 1e-4
+
+
+def _route(module: nn.Module) -> str:
+    """``adapter`` or ``interface``; for a class whose reviewed transformers releases take different routes
+    (``attention/switch/reviewed.json``: Falcon), each route with its releases, the same whichever release measures
+    it."""
+    cls = _hf_class(module)
+    recorded = records().get("transformers", {}).get(f"{cls.__module__}.{cls.__qualname__}", {})
+    routes: dict[str, list[str]] = {}
+    for entry in recorded.values():
+        routes.setdefault(entry["route"], []).extend(entry["releases"])
+    if len(routes) > 1:
+        return " / ".join(f"{route} ({', '.join(sorted(r))})" for route, r in sorted(routes.items(), reverse=True))
+    return "adapter" if adapter_for(module) else "interface"
 
 
 def _hf_class(module: nn.Module) -> type:
