@@ -239,8 +239,9 @@ _STAND_INS = {
 
 def _rebuilt(fn: types.FunctionType) -> types.FunctionType:
     """``fn`` with every global bound to torch, torch.nn, torch.nn.functional or SDPA itself replaced by its
-    stand-in."""
-    globals_ = dict(fn.__globals__)
+    stand-in. The copy has no ``__name__``: torch 2.13's ``torch.compile`` takes globals that name a module for
+    that module's (and guarded the real SDPA), while unnamed globals are read as they are."""
+    globals_ = {name: value for name, value in fn.__globals__.items() if name != "__name__"}
     globals_.update({name: _STAND_INS[id(value)] for name, value in fn.__globals__.items() if id(value) in _STAND_INS})
     rebuilt = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
     rebuilt.__kwdefaults__ = fn.__kwdefaults__

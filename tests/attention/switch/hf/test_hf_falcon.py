@@ -5,6 +5,8 @@ release: 5.24's FalconAttention computes attention itself (the switch's adapter;
 gradients and a cached generation; softmax through the switch equals HF's own model."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from references import FALCON_THROUGH_THE_INTERFACE, reference_twin
@@ -43,11 +45,14 @@ def real_logits(model, ids, mask):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_outputs_and_gradients_equal_the_reference(name):
+def test_softmax_is_hf_falcon_and_poly3_outputs_and_gradients_equal_the_reference(name):
     model = tiny_falcon(**CONFIGS[name])
     ids, mask = padded_batch()
+    softmax = copy.deepcopy(model)
+    set_attention(softmax, "softmax")
     with torch.no_grad():
         softmax_expected = real_logits(model, ids, mask)
+        torch.testing.assert_close(real_logits(softmax, ids, mask), softmax_expected, atol=1e-5, rtol=1e-5)
     reference = reference_twin(model)
     assert set_attention(model, "poly3") == 2
     routes = {adapter_for(m) is not None for _, m in attention_modules(model)}
@@ -66,16 +71,6 @@ def test_outputs_and_gradients_equal_the_reference(name):
     top = max(g.abs().max() for g in grads[1].values())
     for n, g in grads[1].items():
         assert (grads[0][n] - g).abs().max() / top <= 1e-4, n
-
-
-@pytest.mark.parametrize("name", CONFIGS)
-def test_softmax_through_the_switch_is_hf_falcon(name):
-    model = tiny_falcon(**CONFIGS[name])
-    ids, mask = padded_batch()
-    with torch.no_grad():
-        expected = real_logits(model, ids, mask)
-        set_attention(model, "softmax")
-        torch.testing.assert_close(real_logits(model, ids, mask), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["alibi-multi-query", "alibi-grouped", "rotary-grouped"])
