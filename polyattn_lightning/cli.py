@@ -175,6 +175,8 @@ class KeepLinesHelpFormatter(DefaultHelpFormatter):
 
 #: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
 NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
+GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
 
 
 class ShortErrorParser(LightningArgumentParser):
@@ -206,8 +208,10 @@ class ShortErrorParser(LightningArgumentParser):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
         hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
-        text = self.unknown_option_message(message, ex) or unknown_options_message(
-            short_parse_message(message), self.option_names()
+        text = (
+            self.unknown_option_message(message, ex)
+            or self.unknown_group_key_message(message)
+            or unknown_options_message(short_parse_message(message), self.option_names())
         )
         sys.stderr.write(
             f"error: {text}{hint}\n"
@@ -217,8 +221,22 @@ class ShortErrorParser(LightningArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
     def option_names(self) -> list[str]:
-        """Every option string of this parser (``--trainer.max_epochs``...)."""
-        return [option for action in self._actions for option in action.option_strings]
+        """Every option string of this parser and of its subcommands' (``--trainer.max_epochs``...)."""
+        names = [option for action in self._actions for option in action.option_strings]
+        subcommands = self._subcommands_action._name_parser_map if self._subcommands_action else {}
+        for parser in subcommands.values():
+            names += parser.option_names()
+        return list(dict.fromkeys(names))
+
+    def unknown_group_key_message(self, message: str) -> str | None:
+        """``trainer.max_epoch is not an option (did you mean trainer.max_epochs?)`` for a config file's key that
+        its group does not have, else None."""
+        match = GROUP_UNKNOWN.search(message)
+        if match is None:
+            return None
+        key = f"{match['group']}.{match['key']}" if match["group"] else match["key"]
+        closest = closest_option(f"--{key}", self.option_names())
+        return f"{key} is not an option" + (f" (did you mean {closest[2:]}?)" if closest else "")
 
     def unknown_option(self, message: str) -> tuple[str, str | None] | None:
         """The option a class's parser does not have (``convert.step``), with its closest one (``convert.steps``),

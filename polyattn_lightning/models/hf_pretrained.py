@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import CheckpointLoadError, describe_error
 from ..errors import ConfigError, MissingPathError, closest_option
 
 PACKAGE_PREFIX = "package:"
@@ -71,12 +72,23 @@ def resolve_folder(spec: str | Path, key: str = "model") -> Path:
 
 
 def model_folder(spec: str | Path, key: str = "model") -> Path:
-    """:func:`resolve_folder`, checked to hold a model: ``config.json`` and weights."""
+    """:func:`resolve_folder`, checked to hold a model: ``config.json`` and weights, its safetensors files whole (their
+    headers read: every tensor's bytes within the file; transformers' own error names no file)."""
+    from safetensors import safe_open
+
     folder = resolve_folder(spec, key)
     if not (folder / "config.json").is_file():
         raise MissingPathError(f"{key}: {folder} holds no model: no config.json (expected a save_pretrained folder)")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise MissingPathError(f"{key}: {folder} holds no model weights: none of {', '.join(WEIGHT_FILES)}")
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as err:
+            raise CheckpointLoadError(
+                f"{key}: weights {file} are truncated or corrupt ({describe_error(err)})"
+            ) from err
     return folder
 
 

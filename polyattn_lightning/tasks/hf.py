@@ -123,10 +123,17 @@ class HFTask(TaskModule):
 
     @classmethod
     def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
-        """Also :meth:`model_source`, unless a checkpoint's ``built_config`` gives the model (nothing is read)."""
+        """Also :meth:`model_source`, unless a checkpoint's ``built_config`` gives the model (nothing is read), and an
+        ``export_dir`` that is a file (``save_pretrained`` would fail on it after the whole run)."""
         super().check_init_args(init_args)
         if init_args.get("built_config") is None:
             cls.model_source(init_args)
+        export_dir = init_args.get("export_dir")
+        if export_dir and Path(export_dir).exists() and not Path(export_dir).is_dir():
+            raise ConfigError(
+                f"model.init_args.export_dir {export_dir} is a file; give a folder (save_pretrained writes the model "
+                "and tokenizer into one)"
+            )
 
     def build(self) -> None:
         import transformers
