@@ -10,13 +10,11 @@ the abbreviation of a ``--model.init_args.*`` option is refused as well as a top
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from training_helpers import error_lines, run_commands
 
 from polyattn_lightning import cli
 from polyattn_lightning.bench import __main__ as bench
@@ -25,7 +23,6 @@ from polyattn_lightning.errors import ArgumentParser
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
-DRIVER = Path(__file__).with_name("cli_driver.py")
 
 #: Every command with a plain argparse parser, as ``(entry point, the words naming the command)``.
 COMMANDS = [(cli.main, [verb]) for verb in cli.COMMANDS] + [(bench.main, [name]) for name in bench.BENCHMARKS]
@@ -173,15 +170,11 @@ def test_fit_refuses_abbreviated_options_at_every_level(tmp_path):
     ]
     (tmp_path / "misspelt_trainer.yaml").write_text("trainer: {max_epoch: 1}\n")
     (tmp_path / "misspelt_model.yaml").write_text("model: {init_args: {atention: poly3}}\n")
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps([{"argv": argv} for argv, _ in cases]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
-    subprocess.run([sys.executable, str(DRIVER), str(cases_file)], cwd=tmp_path, env=env, check=True, timeout=600)
-    results = json.loads(Path(f"{cases_file}.out").read_text())
+    results = run_commands(tmp_path, *(argv for argv, _ in cases))
     for (argv, expected), result in zip(cases, results):
         output = result["output"]
         assert result["rc"] == 2, (argv, output)
-        errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        errors = error_lines(output)
         assert errors == [f"error: {expected}"], (argv, output)
         assert "Traceback" not in output and "was expanded to" not in output
         assert not (tmp_path / "runs").exists()

@@ -11,9 +11,6 @@ model is built.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -22,13 +19,14 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, LongformerConfig, LongformerModel
 
+from training_helpers import error_lines, run_commands
+
 from polyattn_lightning.data import NegatedSentimentData
 from polyattn_lightning.errors import ConfigError, UserInputError
 from polyattn_lightning.tasks import HFCausalLM, HFSequenceClassification
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_LLAMA = ROOT / "configs" / "hf" / "tiny_llama_poly3.yaml"
-DRIVER = ROOT / "tests" / "cli" / "cli_driver.py"
 VOCAB = 384  # the tiny Llama's data: given, the model is built (and switched) when the task is made
 LLAMA = dict(model_type="llama", hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
 MPT = dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, max_seq_len=128)
@@ -142,18 +140,14 @@ def test_the_command_line_gives_the_same_line_with_exit_2(tmp_path, folders):
         [*fit, "--model.init_args.hf_config", "null", "--model.init_args.model", folder]
         for folder, _ in folder_cases(folders)
     ]
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps([{"argv": argv} for argv in cases]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
-    subprocess.run([sys.executable, str(DRIVER), str(cases_file)], cwd=tmp_path, env=env, check=True, timeout=900)
-    results = json.loads(Path(f"{cases_file}.out").read_text())
+    results = run_commands(tmp_path, *cases)
     expected = [text for _, text in CONFIG_CASES] + [text for _, text in folder_cases(folders)]
     python = [python_error(hf_config=without_none(config)) for config, _ in CONFIG_CASES]
     python += [python_error(model=folder) for folder, _ in folder_cases(folders)]
     for argv, result, text, message in zip(cases, results, expected, python):
         output = result["output"]
         assert result["rc"] == 2 and "Traceback" not in output, (argv, output)
-        errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        errors = error_lines(output)
         assert errors == [f"error: {message}"] and message.startswith(text), (argv, output)
     assert not (tmp_path / "runs").exists()
 
@@ -162,12 +156,8 @@ def test_an_export_dir_that_is_a_file_stops_the_run_before_it_trains(tmp_path):
     """save_pretrained would refuse it only after the whole run."""
     (tmp_path / "exported").write_text("an earlier file")
     fit = ["fit", "--config", str(TINY_LLAMA), "--model.init_args.export_dir", "exported", "--trainer.max_steps", "1"]
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps([{"argv": fit}]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
-    subprocess.run([sys.executable, str(DRIVER), str(cases_file)], cwd=tmp_path, env=env, check=True, timeout=600)
-    [result] = json.loads(Path(f"{cases_file}.out").read_text())
-    assert result["rc"] == 2 and [line for line in result["output"].splitlines() if line.startswith("error: ")] == [
+    [result] = run_commands(tmp_path, fit)
+    assert result["rc"] == 2 and error_lines(result["output"]) == [
         "error: model.init_args.export_dir exported is a file; give a folder (save_pretrained writes the model and "
         "tokenizer into one)"
     ], result["output"]
@@ -206,10 +196,6 @@ def test_a_classifier_without_a_padding_id_on_padded_data_says_which_to_give(tmp
         "--data.init_args.test_size",
         "16",
     ]
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps([{"argv": fit}]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
-    subprocess.run([sys.executable, str(DRIVER), str(cases_file)], cwd=tmp_path, env=env, check=True, timeout=600)
-    [result] = json.loads(Path(f"{cases_file}.out").read_text())
-    errors = [line for line in result["output"].splitlines() if line.startswith("error: ")]
+    [result] = run_commands(tmp_path, fit)
+    errors = error_lines(result["output"])
     assert result["rc"] == 2 and errors == [f"error: {expected}"], result["output"]
