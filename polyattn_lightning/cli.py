@@ -24,7 +24,7 @@ import torch
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import ArgumentError, DefaultHelpFormatter
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -33,7 +33,16 @@ from . import data, tasks  # noqa: F401  (registers the short class names)
 from .callbacks.progress import StepsRichProgressBar
 from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, merge_callbacks, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
-from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
+from .errors import (
+    DEBUG_ENV,
+    EXIT_USER_ERROR,
+    UNRECOGNIZED,
+    ConfigError,
+    MissingPathError,
+    closest_option,
+    reported,
+    unknown_options_message,
+)
 from .distributed import distributed_teardown
 from .sharding import ShardedStrategy, build_later, is_sharded_checkpoint
 from .sharding.checkpoints import META_FILE, check_sharded_folder
@@ -164,9 +173,23 @@ class KeepLinesHelpFormatter(DefaultHelpFormatter):
         return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
+#: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
+NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
+GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
+
+
 class ShortErrorParser(LightningArgumentParser):
     """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
-    config (``--print_config``) shows the best checkpoint's monitor as the task gives it."""
+    config (``--print_config``) shows the best checkpoint's monitor as the task gives it.
+
+    Options are matched in full (``--trainer.max_epoch`` is an error, not ``max_epochs``), here and in the parsers
+    jsonargparse builds for a class's arguments (``--model.init_args.*``): it builds those from this class; an
+    unknown option is one line naming the closest one (:meth:`unknown_option_message`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def dump(self, cfg, *args, **kwargs):
         if "checkpoint" in cfg and "model" in cfg:
@@ -175,16 +198,71 @@ class ShortErrorParser(LightningArgumentParser):
         return super().dump(cfg, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
+        if not self.exit_on_error:  # a class's parser: the outer parser reports it, with the option found here
+            try:
+                super().error(message, ex)
+            except ArgumentError as error:
+                error.unknown_option = self.unknown_option(message)
+                raise
+        if os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
         hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
+        text = (
+            self.unknown_option_message(message, ex)
+            or self.unknown_group_key_message(message)
+            or unknown_options_message(short_parse_message(message), self.option_names())
+        )
         sys.stderr.write(
-            f"error: {short_parse_message(message)}{hint}\n"
+            f"error: {text}{hint}\n"
             f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
             "e.g. ClassificationModule)\n"
         )
         raise SystemExit(EXIT_USER_ERROR)
+
+    def option_names(self) -> list[str]:
+        """Every option string of this parser and of its subcommands' (``--trainer.max_epochs``...)."""
+        names = [option for action in self._actions for option in action.option_strings]
+        subcommands = self._subcommands_action._name_parser_map if self._subcommands_action else {}
+        for parser in subcommands.values():
+            names += parser.option_names()
+        return list(dict.fromkeys(names))
+
+    def unknown_group_key_message(self, message: str) -> str | None:
+        """``trainer.max_epoch is not an option (did you mean trainer.max_epochs?)`` for a config file's key that
+        its group does not have, else None."""
+        match = GROUP_UNKNOWN.search(message)
+        if match is None:
+            return None
+        key = f"{match['group']}.{match['key']}" if match["group"] else match["key"]
+        closest = closest_option(f"--{key}", self.option_names())
+        return f"{key} is not an option" + (f" (did you mean {closest[2:]}?)" if closest else "")
+
+    def unknown_option(self, message: str) -> tuple[str, str | None] | None:
+        """The option a class's parser does not have (``convert.step``), with its closest one (``convert.steps``),
+        or None when ``message`` is about something else."""
+        match = NESTED_UNKNOWN.search(message)
+        if match is None:
+            return None
+        given = (match["argument"] or f"--{match['key']}").split("=", 1)[0]
+        closest = closest_option(given, [option for option in self.option_names() if option.startswith("--")])
+        return given[2:], closest[2:] if closest else None
+
+    @staticmethod
+    def unknown_option_message(message: str, ex: Exception | None) -> str | None:
+        """``model.init_args.convert.step is not an option of ClassificationModule (did you mean ...steps?)`` for an
+        option a class's parser did not have (found in the chain of ``ex``), else None."""
+        found = None
+        while ex is not None and found is None:
+            found, ex = getattr(ex, "unknown_option", None), ex.__cause__ or ex.__context__
+        key = re.match(r'Parser key "([^"]+)"', message)
+        owner = re.search(r"Problem with given class_path '([^']+)'", message)
+        if found is None or key is None or owner is None:
+            return None
+        prefix, (given, closest) = f"{key[1]}.init_args.", found
+        return f"{prefix}{given} is not an option of {owner[1].rpartition('.')[2]}" + (
+            f" (did you mean {prefix}{closest}?)" if closest else ""
+        )
 
 
 def yaml_references(config: Any) -> Iterator[str]:
@@ -350,10 +428,6 @@ def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str]
 
 
 class PolyattnCLI(LightningCLI):
-    def init_parser(self, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` is an error, not max_epochs
-        return super().init_parser(**kwargs)
-
     def add_arguments_to_parser(self, parser) -> None:
         """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
         ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and

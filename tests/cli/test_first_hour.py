@@ -118,7 +118,7 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert_short_error(results[5], "data directory nowhere does not exist", "expected layout")
     assert_short_error(results[6], "--ckpt_path missing.ckpt: no such checkpoint file")
     assert_short_error(results[7], "checkpoint truncated.ckpt is truncated or corrupt")
-    assert_short_error(results[8], "unrecognized arguments: --trainer.max_epoch")  # no abbreviation of max_epochs
+    assert_short_error(results[8], "unknown option --trainer.max_epoch (did you mean --trainer.max_epochs?)")
     assert_short_error(results[9], 'Parser key "num_classes"', "Expected a <class 'int'>. Got value: abc")
     assert "Does not validate against any of the Union subtypes" not in results[9]["output"]
     # errors found after the run started: still short, and no empty version folder left behind

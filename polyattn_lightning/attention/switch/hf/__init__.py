@@ -27,7 +27,16 @@ are then given the project's :class:`~polyattn_lightning.attention.switch.base.S
 attention transfer) is :func:`polyattn_lightning.convert`'s (``polyattn_lightning/conversion/``).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
-``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
+``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back. A model
+switched to another activation than softmax also names :data:`IMPLEMENTATION` as its ``attn_implementation``
+(:func:`mark_config`): transformers accepts that name only where this package registered it, so loading the folder
+in a process without the project fails (``Specified attn_implementation="polyattn" is not supported``) instead of
+silently computing softmax with the trained weights, for the interface and the adapter families alike. Where the
+project is imported, a plain ``AutoModel.from_pretrained`` does not switch it: an interface family's first forward
+refuses (the attention function has no activation), GPT-Neo and Data2Vec-Vision do not build (their classes index
+a table by the implementation's name), the other adapter families compute softmax until ``set_attention``;
+:func:`load_pretrained` switches them all. (A folder that loads switched with ``trust_remote_code`` would register
+the name itself.)
 
 Generation: ``model.generate(ids, cache=RecurrentCache(model))`` keeps a fixed-size state per layer instead of keys
 and values once the context passes the crossover (``cache.py``).
@@ -62,6 +71,8 @@ interface.register()  # a switched model unpickled in a new process finds its at
 
 #: The config attribute that stores the activation spec (saved by ``save_pretrained``).
 CONFIG_KEY = "polyattn_attention"
+#: The config attribute transformers reads back as the implementation to load a saved model with (:func:`mark_config`).
+SAVED_IMPLEMENTATION_KEY = "attn_implementation"
 #: The activation of the probe forward: not softmax, so a softmax or SDPA call left in an attention layer shows.
 PROBE_ACTIVATION = "relu"
 
@@ -121,6 +132,7 @@ def set_attention(
             module.capture = None
         module.activation_spec = activation
     setattr(model.config, CONFIG_KEY, activation)
+    mark_config(model.config, activation)
     return len(found)
 
 
@@ -283,17 +295,30 @@ def __getattr__(name: str) -> type[SwitchedAttention]:
 # --------------------------------------------------------------------------- saved models
 
 
+def mark_config(config, activation: ActivationSpec) -> None:
+    """Name :data:`IMPLEMENTATION` as the ``attn_implementation`` a ``save_pretrained`` folder of a model switched to
+    ``activation`` is loaded with, unless ``activation`` is softmax (such a folder loads anywhere, as the same
+    softmax). transformers pops the key when it reads the config back: the live config never keeps it."""
+    if get_activation(activation).is_softmax:
+        vars(config).pop(SAVED_IMPLEMENTATION_KEY, None)
+    else:
+        setattr(config, SAVED_IMPLEMENTATION_KEY, IMPLEMENTATION)
+
+
 def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs: Any) -> PreTrainedModel:
     """Load a ``save_pretrained`` folder of a switched model (offline) and switch it back to its activation.
 
     ``auto_class``: e.g. ``AutoModelForSequenceClassification`` (default ``AutoModel``); ``kwargs`` go to
-    ``from_pretrained``. A folder saved without an activation loads as it is (softmax).
+    ``from_pretrained`` (``attn_implementation`` defaults to transformers' choice, not the saved
+    :data:`IMPLEMENTATION`: the switch sets the one the model needs). A folder saved without an activation loads as
+    it is (softmax).
     """
     from transformers import AutoModel
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise MissingPathError(f"{folder} is not a saved model folder: no config.json in it")
+    kwargs.setdefault("attn_implementation", None)
     model = (auto_class or AutoModel).from_pretrained(folder, local_files_only=True, **kwargs)
     spec = getattr(model.config, CONFIG_KEY, None)
     if spec is not None:
@@ -308,6 +333,7 @@ __all__ = [
     "RecurrentCache",
     "probe_inputs",
     "load_pretrained",
+    "mark_config",
     "polyattn_attention",
     "set_attention",
     "split_mask",

@@ -250,7 +250,8 @@ def _spec_of(module: nn.Module) -> ActivationSpec:
     if spec is None:
         raise ConfigError(
             f"{type(module).__name__} attends through attn_implementation={IMPLEMENTATION!r} but was not switched by "
-            "polyattn_lightning's set_attention(model, activation); call it on the model"
+            "polyattn_lightning's set_attention(model, activation); call it on the model (a folder saved switched: "
+            "load it with polyattn_lightning.attention.switch.hf.load_pretrained)"
         )
     return spec
 
