@@ -8,6 +8,7 @@ Rank 0 writes to OUT_DIR (``torch.save`` of plain values):
 * ``{decoder,vit}_{poly3,softmax}_{ddp,fsdp}.pt``: the whole weights after ``STEPS`` steps from the same initial
   state dict and what each rank held (parameters, gradients, optimizer states) (ViT runs: at step 2 rank 1's images are NaN and the NaN guard skips the step on both ranks; the
   sharded ViT poly3 run logs attention norms every 2 steps, which must leave its weights as DDP's).
+* ``export_{ddp,fsdp}/``: the decoder poly3 runs' ``save_pretrained`` exports (its embeddings are tied to its head).
 * ``decoder_ckpt/at2.ckpt/``: the sharded decoder poly3 run's checkpoint folder at step 2 (mid-epoch), and
   ``decoder_resumed.pt``: that run resumed from it on 2 ranks (bit for bit the uninterrupted one).
 * ``memory.pt``: the lines :class:`MemoryReport` said in the sharded decoder poly3 run.
@@ -55,6 +56,8 @@ def equivalence(init: Path, out: Path, rank: int) -> None:
                     callbacks.append(memory := MemoryReport(after_steps=2))
                     options["enable_checkpointing"] = True
                 trainer, model = fit(kind, attention, layout, 2, init / f"{kind}_init.pt", STEPS, callbacks, **options)
+                if (kind, attention) == ("decoder", "poly3"):
+                    model.export(out / f"export_{layout}")  # every rank joins the gather, rank 0 writes
                 held = gather_objects(held_bytes(model, trainer.optimizers))
                 result = {"weights": weights(model), "held": held}
                 if "logger" in options:
