@@ -35,7 +35,7 @@ from sharding_harness import STEPS, fit, meta_build, strategy, weights
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from training_helpers import cpu_trainer
 
-from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, SlurmPreemption
+from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, StopOnSignal
 from polyattn_lightning.distributed import distributed_teardown, gather_objects
 from polyattn_lightning.sharding.memory import held_bytes
 
@@ -99,7 +99,7 @@ def preempted(out: Path, rank: int, where: str) -> dict | None:
         limit_val_batches=0,
         log_every_n_steps=1,
         logger=logger,
-        callbacks=[ExactResume(), SlurmPreemption(), record, *sender],
+        callbacks=[ExactResume(), StopOnSignal(), record, *sender],
     )
     try:
         trainer.fit(model, augmented_digits(batch_size=16))
