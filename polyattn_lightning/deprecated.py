@@ -85,6 +85,10 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
     },
     (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
     **{
+        (module, "SlurmPreemption"): (f"{_PACKAGE}.callbacks.preemption", "StopOnSignal")
+        for module in (f"{_PACKAGE}.callbacks", f"{_PACKAGE}.callbacks.preemption")
+    },
+    **{
         (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.config", name)
         for name in ("load_detector_config", "deep_merge", "heads_num_classes", "with_num_classes")
     },
