@@ -9,11 +9,13 @@ project's are imported first, so their short names (``ClassificationModule``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import warnings
@@ -24,16 +26,26 @@ import torch
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import ArgumentError, DefaultHelpFormatter
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from . import data, tasks  # noqa: F401  (registers the short class names)
+from .callbacks.preemption import EXIT_INTERRUPTED, StopOnSignal
 from .callbacks.progress import StepsRichProgressBar
 from .callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, merge_callbacks, resolve_checkpoint_monitor
 from .checkpoint import CheckpointLoadError, load_checkpoint
-from .errors import DEBUG_ENV, EXIT_USER_ERROR, ConfigError, MissingPathError, reported
+from .errors import (
+    DEBUG_ENV,
+    EXIT_USER_ERROR,
+    UNRECOGNIZED,
+    ConfigError,
+    MissingPathError,
+    closest_option,
+    reported,
+    unknown_options_message,
+)
 from .distributed import distributed_teardown
 from .sharding import ShardedStrategy, build_later, is_sharded_checkpoint
 from .sharding.checkpoints import META_FILE, check_sharded_folder
@@ -44,6 +56,9 @@ RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 DEFAULT_RUN_NAME = "lightning_logs"
 #: Where runs are logged by default: ``runs/<task family>/<config name>/version_N``.
 RUNS_DIR = "runs"
+#: The loggers a resumed run can go on in its own folder with: TensorBoard adds an events file beside the first
+#: run's (Lightning's CSVLogger would write its metrics.csv over the first run's).
+FOLDER_LOGGERS = (".TensorBoardLogger",)
 
 
 def default_precision() -> str:
@@ -164,9 +179,23 @@ class KeepLinesHelpFormatter(DefaultHelpFormatter):
         return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
+#: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
+NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
+GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
+
+
 class ShortErrorParser(LightningArgumentParser):
     """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
-    config (``--print_config``) shows the best checkpoint's monitor as the task gives it."""
+    config (``--print_config``) shows the best checkpoint's monitor as the task gives it.
+
+    Options are matched in full (``--trainer.max_epoch`` is an error, not ``max_epochs``), here and in the parsers
+    jsonargparse builds for a class's arguments (``--model.init_args.*``): it builds those from this class; an
+    unknown option is one line naming the closest one (:meth:`unknown_option_message`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def dump(self, cfg, *args, **kwargs):
         if "checkpoint" in cfg and "model" in cfg:
@@ -175,16 +204,71 @@ class ShortErrorParser(LightningArgumentParser):
         return super().dump(cfg, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
+        if not self.exit_on_error:  # a class's parser: the outer parser reports it, with the option found here
+            try:
+                super().error(message, ex)
+            except ArgumentError as error:
+                error.unknown_option = self.unknown_option(message)
+                raise
+        if os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
             return super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
         hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
+        text = (
+            self.unknown_option_message(message, ex)
+            or self.unknown_group_key_message(message)
+            or unknown_options_message(short_parse_message(message), self.option_names())
+        )
         sys.stderr.write(
-            f"error: {short_parse_message(message)}{hint}\n"
+            f"error: {text}{hint}\n"
             f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
             "e.g. ClassificationModule)\n"
         )
         raise SystemExit(EXIT_USER_ERROR)
+
+    def option_names(self) -> list[str]:
+        """Every option string of this parser and of its subcommands' (``--trainer.max_epochs``...)."""
+        names = [option for action in self._actions for option in action.option_strings]
+        subcommands = self._subcommands_action._name_parser_map if self._subcommands_action else {}
+        for parser in subcommands.values():
+            names += parser.option_names()
+        return list(dict.fromkeys(names))
+
+    def unknown_group_key_message(self, message: str) -> str | None:
+        """``trainer.max_epoch is not an option (did you mean trainer.max_epochs?)`` for a config file's key that
+        its group does not have, else None."""
+        match = GROUP_UNKNOWN.search(message)
+        if match is None:
+            return None
+        key = f"{match['group']}.{match['key']}" if match["group"] else match["key"]
+        closest = closest_option(f"--{key}", self.option_names())
+        return f"{key} is not an option" + (f" (did you mean {closest[2:]}?)" if closest else "")
+
+    def unknown_option(self, message: str) -> tuple[str, str | None] | None:
+        """The option a class's parser does not have (``convert.step``), with its closest one (``convert.steps``),
+        or None when ``message`` is about something else."""
+        match = NESTED_UNKNOWN.search(message)
+        if match is None:
+            return None
+        given = (match["argument"] or f"--{match['key']}").split("=", 1)[0]
+        closest = closest_option(given, [option for option in self.option_names() if option.startswith("--")])
+        return given[2:], closest[2:] if closest else None
+
+    @staticmethod
+    def unknown_option_message(message: str, ex: Exception | None) -> str | None:
+        """``model.init_args.convert.step is not an option of ClassificationModule (did you mean ...steps?)`` for an
+        option a class's parser did not have (found in the chain of ``ex``), else None."""
+        found = None
+        while ex is not None and found is None:
+            found, ex = getattr(ex, "unknown_option", None), ex.__cause__ or ex.__context__
+        key = re.match(r'Parser key "([^"]+)"', message)
+        owner = re.search(r"Problem with given class_path '([^']+)'", message)
+        if found is None or key is None or owner is None:
+            return None
+        prefix, (given, closest) = f"{key[1]}.init_args.", found
+        return f"{prefix}{given} is not an option of {owner[1].rpartition('.')[2]}" + (
+            f" (did you mean {prefix}{closest}?)" if closest else ""
+        )
 
 
 def yaml_references(config: Any) -> Iterator[str]:
@@ -298,6 +382,39 @@ def evaluation_dir(ckpt_path: str, subcommand: str) -> tuple[Path, str]:
     return run_dir, name
 
 
+def saved_configs(run_dir: Path) -> list[Path]:
+    """The configs a run folder holds: ``config.yaml``, and the ``config.<n>.yaml`` each resumed run added."""
+    return [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
+
+
+def resumed_run_dir(ckpt_path: str | os.PathLike | None) -> Path | None:
+    """The run folder ``fit --ckpt_path`` continues in: the one above the checkpoint's ``checkpoints/`` folder, when
+    a run of this CLI wrote it (a saved config is there); None for a checkpoint anywhere else."""
+    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc", "registry") or "://" in str(ckpt_path):
+        return None
+    ckpt = Path(ckpt_path)
+    if ckpt.parent.name != "checkpoints" or not (ckpt.is_file() or is_sharded_checkpoint(ckpt)):
+        return None
+    run_dir = checkpoint_run_dir(ckpt)
+    return run_dir if saved_configs(run_dir) else None
+
+
+def resume_command(args: list[str], ckpt_path: str) -> str:
+    """The command line that resumes this run from ``ckpt_path``: the program as it was started (``lightning``,
+    ``polyattn``, ``python -m polyattn_lightning``; under torchrun, with the user's torchrun options) and ``args``,
+    with ``--ckpt_path ckpt_path`` in place of any ``--ckpt_path`` they gave."""
+    kept, value_of_ckpt_path = [], False
+    for arg in args:
+        if not value_of_ckpt_path and arg != "--ckpt_path" and not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+        value_of_ckpt_path = arg == "--ckpt_path"
+    program = Path(sys.argv[0]).name
+    program = program if program in ("lightning", "polyattn") else "python -m polyattn_lightning"
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        program = "torchrun <your torchrun options> -m polyattn_lightning"
+    return f"{program} {shlex.join([*kept, '--ckpt_path', str(ckpt_path)])}"
+
+
 #: The verbs that evaluate a checkpoint, which can take their config from the checkpoint's run.
 EVALUATION_VERBS = ("validate", "test", "predict")
 
@@ -318,7 +435,7 @@ def saved_run_config(args: list[str]) -> Path | None:
     if not Path(paths[-1]).is_file():
         raise MissingPathError(f"--ckpt_path {paths[-1]}: no such checkpoint file")
     run_dir = checkpoint_run_dir(paths[-1])
-    saved = [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
+    saved = saved_configs(run_dir)
     if not saved:
         raise ConfigError(
             f"--ckpt_path {paths[-1]}: no --config given and no config.yaml beside it in {run_dir} (a run's "
@@ -350,10 +467,6 @@ def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str]
 
 
 class PolyattnCLI(LightningCLI):
-    def init_parser(self, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` is an error, not max_epochs
-        return super().init_parser(**kwargs)
-
     def add_arguments_to_parser(self, parser) -> None:
         """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
         ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and
@@ -523,8 +636,9 @@ class PolyattnCLI(LightningCLI):
         """Log to ``runs/<task family>/<config name>/version_N`` unless the logger was given a name (``<config
         name>_<activation>`` when ``--model.attention`` gives another activation than the config's; the family is
         :func:`task_family`, so the three quickstarts never share a folder); ``validate``/``test``/``predict`` of a
-        checkpoint log to
-        :func:`evaluation_dir` instead. With ``--ckpt_path``, build the model without its ``pretrained`` file: the
+        checkpoint log to :func:`evaluation_dir` instead, and ``fit`` resuming a checkpoint of a run's
+        ``checkpoints/`` folder logs on in that run's folder (:func:`resumed_run_dir`; unless the logger was given a
+        version, as the SLURM script does). With ``--ckpt_path``, build the model without its ``pretrained`` file: the
         checkpoint's weights replace those anyway, and resuming or evaluating a fine-tuned run must not need that
         file. The best checkpoint's monitor defaults to the task's. Then :func:`check_config`, so a bad name or path
         stops the run before any model is built."""
@@ -550,6 +664,11 @@ class PolyattnCLI(LightningCLI):
             ):
                 save_dir, version = evaluation_dir(config.ckpt_path, self.subcommand)
                 logger.init_args.save_dir, logger.init_args.name, logger.init_args.version = str(save_dir), "", version
+        run_dir = resumed_run_dir(config.get("ckpt_path")) if self.subcommand == "fit" else None
+        folder_logger = str(getattr(logger, "class_path", "")).endswith(FOLDER_LOGGERS)
+        if run_dir is not None and folder_logger and logger.init_args.get("version") is None:
+            logger.init_args.save_dir, logger.init_args.name = str(run_dir.parent), ""
+            logger.init_args.version = run_dir.name
         if config.get("ckpt_path") and model_args is not None and model_args.get("pretrained"):
             model_args.pretrained = None
         resolve_task_defaults(config)
@@ -570,23 +689,38 @@ class PolyattnCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Say where the run writes, run it, then list what it wrote. A run that fails before its first
-        training step removes the log folder it created (a config and an empty events file)."""
+        training step removes the log folder it created (a config and an empty events file). ``fit`` resuming in its
+        own folder does not warn that its checkpoint folder is not empty; a Ctrl-C names the command that resumes
+        (:class:`~.callbacks.StopOnSignal`), and one Lightning stopped on (before the first step, or a second one)
+        exits with the same status 130, not Lightning's 1."""
         trainer = self.trainer
         log_dir = trainer.log_dir if trainer.logger is not None and rank_zero_only.rank == 0 else None
         log_dir = Path(log_dir) if log_dir else None  # fast_dev_run's DummyLogger has none
         created = log_dir if log_dir is not None and not log_dir.exists() else None
         while created is not None and not created.parent.exists():
             created = created.parent  # the outermost folder this run will create (runs/ itself on a first run)
-        if log_dir is not None:
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        run_dir = resumed_run_dir(ckpt_path) if subcommand == "fit" else None
+        resumed_here = run_dir is not None and log_dir is not None and run_dir.resolve() == log_dir.resolve()
+        if resumed_here:
+            rank_zero_info(f"fit: resuming {ckpt_path}: logs, config and checkpoints/ go on in {log_dir}")
+        elif log_dir is not None:
             what = {"fit": "logs, config and checkpoints/", "predict": "logs, config and predictions/"}
             rank_zero_info(f"{subcommand}: writing {what.get(subcommand, 'logs and config')} to {log_dir}")
         if subcommand != "fit":  # a checkpoint's ModelCheckpoint state names its run's folder: expected here
             warnings.filterwarnings("ignore", message=r".*dirpath has changed")
         if trainer.progress_bar_callback is not None:
             trainer.progress_bar_callback.get_metrics = without_version(trainer.progress_bar_callback.get_metrics)
+        for callback in trainer.callbacks:
+            if isinstance(callback, StopOnSignal) and self.given_args:
+                callback.resume_command = functools.partial(resume_command, self.given_args)
         try:
-            super()._run_subcommand(subcommand)
-        except BaseException:
+            with warnings.catch_warnings():
+                if resumed_here:  # ModelCheckpoint's setup warns about any folder with files in it
+                    own = re.escape(os.path.join(trainer.log_dir, "checkpoints"))
+                    warnings.filterwarnings("ignore", message=rf"Checkpoint directory {own} exists and is not empty")
+                super()._run_subcommand(subcommand)
+        except BaseException as error:
             if (
                 created is not None
                 and trainer.global_step == 0
@@ -597,6 +731,8 @@ class PolyattnCLI(LightningCLI):
                 for folder in [log_dir, *log_dir.parents][1 : len(log_dir.relative_to(created).parts) + 1]:
                     with contextlib.suppress(OSError):  # only if empty: another run may be writing beside it
                         folder.rmdir()
+            if isinstance(error, SystemExit) and error.code == 1 and isinstance(error.__context__, KeyboardInterrupt):
+                raise SystemExit(EXIT_INTERRUPTED) from None  # Lightning's sys.exit(1) after its Ctrl-C shutdown
             raise
         if log_dir is not None and log_dir.is_dir():
             files = sorted(str(path.relative_to(log_dir)) for path in log_dir.rglob("*") if path.is_file())

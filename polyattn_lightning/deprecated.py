@@ -51,8 +51,11 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
 }
 #: Old packages whose submodules moved one for one.
 MOVED_PACKAGES: dict[str, str] = {f"{_A}.timm_adapters": f"{_SWITCH}.timm.families"}
-#: ``(module, old name) -> (module, new name)``: names that moved out of a module that still exists, or renamed.
+#: ``(module, old name) -> (module, new name)``: names that moved out of a module that still exists, or renamed, and
+#: the old doors: each old ``set_attention`` is the one door (timm_patch's took timm and HF models, hf's HF models).
 MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
+    (f"{_A}.timm_patch", "set_attention"): (_SWITCH, "set_attention"),
+    (f"{_A}.hf", "set_attention"): (_SWITCH, "set_attention"),
     (_A, "attention_norms"): (f"{_DIAGNOSTICS}.norms", "attention_norms"),
     (f"{_A}.timm_patch", "XCiTAttention"): (f"{_SWITCH}.timm.sdpa", "Switched_xcit_XCA"),
     (f"{_A}.timm_patch", "ClassAttention"): (f"{_SWITCH}.timm.sdpa", "Switched_cait_ClassAttn"),
@@ -81,6 +84,10 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         for name in ("capture_rng_state", "restore_rng_state")
     },
     (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
+    **{
+        (module, "SlurmPreemption"): (f"{_PACKAGE}.callbacks.preemption", "StopOnSignal")
+        for module in (f"{_PACKAGE}.callbacks", f"{_PACKAGE}.callbacks.preemption")
+    },
     **{
         (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.config", name)
         for name in ("load_detector_config", "deep_merge", "heads_num_classes", "with_num_classes")

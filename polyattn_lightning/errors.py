@@ -9,17 +9,22 @@ traceback of user errors too.
 
 Each class also derives from the built-in exception a caller would catch (``ValueError``,
 ``FileNotFoundError``, ``KeyError``), so ``except ValueError`` keeps working.
+
+No option is taken by a name that is not its own: the plain ``argparse`` parsers of the verbs and benchmarks are
+:class:`ArgumentParser` (options matched in full, a bad command line in one ``error:`` line that names the closest
+option), and a Python entry point with keyword options refuses an unknown one with :func:`check_options`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import difflib
 import functools
+import inspect
 import os
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Callable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable)
 C = TypeVar("C", bound=type)
@@ -45,40 +50,16 @@ class UnknownNameError(ConfigError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword option a function or class does not take (also a ``TypeError``, as Python's own would be)."""
+
+
 class MissingPathError(UserInputError, FileNotFoundError):
     """A file or directory the config names that does not exist, is empty, or lacks the expected layout."""
 
 
 class DataError(UserInputError, ValueError):
     """A data file whose content is wrong (an annotation line, an unreadable image)."""
-
-
-def check_options(where: str, given: Iterable[str], valid: Sequence[str]) -> None:
-    """Refuse the first of ``given`` (option names) that is not in ``valid``, in one line naming ``where`` it was
-    given, the closest valid name and all of them (an option is never taken by a near name)."""
-    for name in given:
-        if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: unknown option {name!r}{hint}; the options are {', '.join(valid)}")
-
-
-def options_checked(where: str) -> Callable[[C], C]:
-    """Decorate a dataclass (over ``@dataclass``) built from the user's options, e.g. from a config's mapping:
-    an unknown keyword is :func:`check_options`' one-line :class:`ConfigError` instead of a ``TypeError``."""
-
-    def decorate(cls: C) -> C:
-        init, valid = cls.__init__, [f.name for f in dataclasses.fields(cls) if f.init]
-
-        @functools.wraps(init)
-        def __init__(self, *args, **kwargs):
-            check_options(where, kwargs, valid)
-            init(self, *args, **kwargs)
-
-        cls.__init__ = __init__
-        return cls
-
-    return decorate
 
 
 def find_user_error(error: BaseException | None) -> UserInputError | None:
@@ -120,3 +101,104 @@ def reported(main: F) -> F:
             raise SystemExit(EXIT_USER_ERROR) from None
 
     return run
+
+
+# --------------------------------------------------------------------------- options
+
+#: How argparse (and jsonargparse) begins the error for command-line words no option takes.
+UNRECOGNIZED = "unrecognized arguments: "
+
+
+def closest_option(given: str, options: Iterable[str]) -> str | None:
+    """The option of ``options`` a misspelt or shortened ``given`` most likely meant: the only one it begins (what
+    argparse's abbreviation would have taken), else the nearest by spelling; None when none is near."""
+    options = list(options)
+    extending = [option for option in options if option.startswith(given)]
+    if len(extending) == 1:
+        return extending[0]
+    near = difflib.get_close_matches(given, options, n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def unknown_options_message(message: str, options: Iterable[str]) -> str:
+    """argparse's ``unrecognized arguments: --ste 5`` as ``unknown option --ste (did you mean --steps?)``, one
+    entry per unknown ``--`` option; other messages as they are."""
+    if not message.startswith(UNRECOGNIZED):
+        return message
+    options = list(options)
+    names = [arg.split("=", 1)[0] for arg in message[len(UNRECOGNIZED) :].split() if arg.startswith("--")]
+    if not names:
+        return message
+    described = []
+    for name in dict.fromkeys(names):
+        closest = closest_option(name, options)
+        described.append(name + (f" (did you mean {closest}?)" if closest else ""))
+    return f"unknown option{'s' if len(described) > 1 else ''} {', '.join(described)}"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The parser of the project's verbs and benchmarks: options are matched in full (``--ste`` is an error, never
+    ``--steps``), and a bad command line is one ``error:`` line (an unknown option with the closest one, as
+    :func:`unknown_options_message` words it) and a hint naming ``--help``, with exit status 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        text = unknown_options_message(message, self.option_names())
+        sys.stderr.write(f"error: {text}\n(`{self.prog} --help` lists every option)\n")
+        raise SystemExit(EXIT_USER_ERROR)
+
+    def option_names(self) -> list[str]:
+        """Every option string of this parser and of its subcommands' (argparse reports their unknown options)."""
+        names = []
+        for action in self._actions:
+            names += action.option_strings
+            if isinstance(action, argparse._SubParsersAction):
+                names += [name for parser in action.choices.values() for name in parser.option_names()]
+        return list(dict.fromkeys(names))
+
+
+def check_options(options: Callable | Iterable[str], given: Iterable[str], owner: str | None = None) -> None:
+    """Refuse, before anything runs, a keyword of ``given`` that is not an option: an :class:`UnknownOptionError`
+    naming it, the closest option and every option. ``options`` are the names, or a function (a class's
+    ``__init__``) whose keyword parameters they are (one with ``**kwargs`` takes any keyword); ``owner`` is the name
+    the message uses, by default the function's."""
+    if callable(options):
+        parameters = inspect.signature(options).parameters.values()
+        if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return
+        owner = owner or options.__qualname__
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        valid = [p.name for p in parameters if p.kind in kinds and p.name != "self"]
+    else:
+        valid = list(options)
+    unknown = [name for name in given if name not in valid]
+    if unknown:
+        described = [
+            repr(name) + (f" (did you mean {closest!r}?)" if (closest := closest_option(name, valid)) else "")
+            for name in unknown
+        ]
+        raise UnknownOptionError(
+            f"{owner} has no option{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
+            f"its options: {', '.join(valid)}"
+        )
+
+
+def options_checked(owner: str) -> Callable[[C], C]:
+    """Decorate a dataclass (over ``@dataclass``) built from the user's options, e.g. from a config's mapping: an
+    unknown keyword is :func:`check_options`' one line naming ``owner`` instead of Python's bare ``TypeError``."""
+
+    def decorate(cls: C) -> C:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            check_options(init, kwargs, owner)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate

@@ -1,11 +1,15 @@
 """Test helpers every task family's tests share: a quiet CPU trainer, a simulated preemption, the CLI's resolved
-config, ``fit`` and a config's model and data built, and the configs' paths.
+config, ``fit`` and a config's model and data built, command lines run as processes, and the configs' paths.
 
 On ``sys.path`` through ``pythonpath = ["tests"]`` in pyproject.toml (and ``PYTHONPATH`` for the
 torchrun workers), so any test directory imports it as ``training_helpers``.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,22 @@ from polyattn_lightning.checkpoint import SafeCheckpointIO
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: the classification quickstart, the config most tests run shrunk
 QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
+
+
+def run_commands(cwd: Path, *argvs: list[str], timeout: int = 900) -> list[dict]:
+    """Run each ``argv`` as ``polyattn ARGV`` in ``cwd``, one process each (``tests/cli/cli_driver.py``, which imports
+    the CLI once and forks per command); their ``{"rc": exit status, "output": stdout and stderr}``."""
+    cases = cwd / "cases.json"
+    cases.write_text(json.dumps([{"argv": argv} for argv in argvs]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYATTN_DEBUG": "0"}
+    driver = Path(__file__).with_name("cli") / "cli_driver.py"
+    subprocess.run([sys.executable, str(driver), str(cases)], cwd=cwd, env=env, check=True, timeout=timeout)
+    return json.loads(Path(f"{cases}.out").read_text())
+
+
+def error_lines(output: str) -> list[str]:
+    """The ``error: ...`` lines of a command's output."""
+    return [line for line in output.splitlines() if line.startswith("error: ")]
 
 
 def resolved_config(capsys, path: Path, *args: str) -> dict:

@@ -12,6 +12,7 @@ BENCHMARKS = {
     "decode": "decode",
     "detection": "detection",
     "diagnostics": "diagnostics",
+    "fingerprints": "fingerprints",
     "fsdp": "fsdp",
     "hf": "hf",
     "hf-support": "hf_support",

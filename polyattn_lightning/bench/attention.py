@@ -45,6 +45,7 @@ from torch import Tensor
 from ..attention import attention
 from ..attention.kernels import cpp
 from ..attention.kernels import KERNELS
+from ..errors import ArgumentParser
 from .timing import machine, step_peak_bytes, write_report
 
 #: Named shapes (B, H, N, d).
@@ -354,9 +355,7 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench attention", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--shapes",
         type=_parse_shapes,

@@ -21,7 +21,6 @@ Each writes its numbers to ``--json`` and its recovery curves to ``--figure``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -34,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ArgumentParser
 from .timing import machine
 
 #: Fine-tuning after a conversion: AdamW, a short warmup, linear decay (configs/hf/recipes/finetune.yaml).
@@ -348,9 +348,7 @@ def vit(args) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench convert", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench convert", description=__doc__.split("\n")[0])
     parser.add_argument("model", choices=("llama", "minilm", "vit"))
     parser.add_argument("--teacher", help="llama: the exported softmax folder; vit: the softmax run's .ckpt")
     parser.add_argument("--activations", type=lambda s: s.split(","), default=["poly3", "relu", "poly1"])

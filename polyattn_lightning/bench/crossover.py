@@ -20,7 +20,6 @@ Measure on a quiet machine (``uptime`` load < 1): the table is what ``auto`` tru
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,6 +31,7 @@ import torch
 
 from ..attention import attention
 from ..attention.kernels import base
+from ..errors import ArgumentParser
 from .timing import crossing, interleaved, machine, write_report, write_table_rows
 
 DEFAULT_LENGTHS = tuple(2**i for i in range(9, 17))  # 512 .. 65,536
@@ -148,9 +148,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench crossover", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench crossover", description=__doc__.split("\n")[0])
     parser.add_argument("--powers", type=_ints, default=[2, 3])
     parser.add_argument("--dims", type=_ints, default=[32, 64])
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")

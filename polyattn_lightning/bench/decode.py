@@ -21,7 +21,6 @@ length from which the state step beats the ``kv`` step as the crossover table's 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 from ..attention import get_activation
 from ..attention.kernels import base, power
+from ..errors import ArgumentParser
 from .hf import LLAMA
 from .timing import crossing, interleaved, machine, write_report, write_table_rows
 
@@ -164,9 +164,7 @@ def _configs(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench decode", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench decode", description=__doc__.split("\n")[0])
     parser.add_argument("--configs", type=_configs, default=_configs("poly1/64,poly2/64,poly3/32"))
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=list(DEFAULT_LENGTHS))
     parser.add_argument("--heads", type=int, default=8)

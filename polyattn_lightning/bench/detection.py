@@ -25,6 +25,7 @@ import torch
 import yaml
 from torch import nn
 
+from ..errors import ArgumentParser
 from ..attention import get_activation
 from . import CONFIGS
 from .timing import interleaved, machine, write_report
@@ -107,9 +108,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench detection", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench detection", description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="mmdet model mapping (YAML)")
     parser.add_argument("--size", type=_size, default=(256, 256), help="image height x width (default 256x256)")
     parser.add_argument("--batch", type=int, default=1, help="images per step (default 1)")

@@ -27,6 +27,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..errors import ArgumentParser
 from ..diagnostics.figures import attention_pictures
 from ..callbacks.attention_norms import AttentionNorms
 from ..diagnostics.probe import probe_batch
@@ -83,9 +84,7 @@ def _fit(config: Path, epochs: int, every: int | None, root: str, hook_seconds: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench diagnostics", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench diagnostics", description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=QUICKSTART, help="training config (default: the quickstart)")
     parser.add_argument("--every", type=int, default=50, help="AttentionNorms every_n_steps (default 50)")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per timed run")

@@ -42,6 +42,7 @@ from ..callbacks import ExactResume
 from ..checkpoint import SafeCheckpointIO, atomic_save
 from ..data.resumable import ResumableDataLoader
 from ..distributed import distributed_teardown, gather_objects
+from ..errors import ArgumentParser
 from ..sharding import ShardedStrategy, full_state_dict, read_consolidated
 from ..sharding.memory import held_bytes, human
 from ..tasks import HFCausalLM, OptimRecipe
@@ -275,7 +276,7 @@ def table(result: dict, steps: int, save_at: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench fsdp", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench fsdp", description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="100m")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--save-at", type=int, default=10, help="the step of the sharded checkpoint that is resumed")

@@ -19,13 +19,13 @@ part run round-robin; medians and ratios are of one run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 
 import torch
 
+from ..errors import ArgumentParser
 from . import chosen_parts
 from .timing import interleaved, machine, write_report
 
@@ -181,7 +181,7 @@ PARTS = ("minilm", "generate", "calls")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench hf", description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument(
         "--repeats",

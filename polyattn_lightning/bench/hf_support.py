@@ -8,7 +8,8 @@ softmax outputs with HF's own (its default ``sdpa`` or ``eager`` implementation,
 model takes text). ``python -m polyattn_lightning.bench hf-support --write README.md`` rewrites the table
 between its markers; ``--check README.md`` fails when it differs from the measurement. The poly3 outputs are
 checked against an independent reference (HF's eager code of each family, copied into the tests with its
-softmax replaced by ``phi(S) / sqrt(N)``) by the tests, not here.
+softmax replaced by ``phi(S) / sqrt(N)``) by the tests, not here: the table's last column says what they check
+(:data:`REFERENCE_CHECKS`, which the tests assert).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..attention.switch import set_attention
 from ..attention.switch.base import attention_modules
 from ..attention.switch.hf import probe_inputs
 from ..attention.switch.hf.families import adapter_for
+from ..attention.switch.reviewed import records
 from ..errors import ConfigError
 from . import quiet_loggers
 from .readme_table import Markers, table_command
@@ -186,6 +188,30 @@ FAMILIES: tuple[Family, ...] = (
 )
 # fmt: on
 
+#: The table's last column: what the tests check against their own reference (HF's eager attention with phi in
+#: place of softmax). The families switched by the project's adapters, in float64 by
+#: ``tests/attention/switch/hf/test_hf_adapters.py`` (which asserts this mapping): the outputs, the gradients of
+#: the inputs and parameters, and for the causal ones a cached generation; every other family's outputs, by
+#: ``test_hf_families.py`` (:data:`CHECKED_ELSEWHERE`).
+REFERENCE_CHECKS = {
+    "deberta": "outputs, gradients",
+    "deberta-v2": "outputs, gradients",
+    "mpnet": "outputs, gradients",
+    "roformer": "outputs, gradients, cache",
+    "megatron-bert": "outputs, gradients, cache",
+    "rembert": "outputs, gradients, cache",
+    "tapas": "outputs, gradients",
+    "visualbert": "outputs, gradients",
+    "data2vec-vision": "outputs, gradients",
+    "swin-v2": "outputs, gradients",
+    "siglip": "outputs, gradients",
+    "gpt-neo": "outputs, gradients, cache",
+    "bloom": "outputs, gradients, cache",
+    "falcon": "outputs, gradients, cache",  # tests/attention/switch/hf/test_hf_falcon.py, on either route
+    "falcon-alibi": "outputs, gradients, cache",
+}
+CHECKED_ELSEWHERE = "outputs"
+
 #: Parameter names of position tables and sinks, drawn at unit scale (HF zeroes some; a checkpoint's are not).
 POSITION_TABLES = re.compile(r"relative_position_bias_table|relative_attention_bias|rel_embeddings|\bsinks\b|q_bias$")
 
@@ -226,9 +252,10 @@ class SupportRow:
     route: str  # "interface" (AttentionInterface), "adapter" (switch/hf/families, switch/mha.py) or both
     switched: str  # attention classes switched, with counts
     state: str  # "switched" | "refused: ..." | "wrong: ..."
+    checked: str  # what the tests check against their reference: REFERENCE_CHECKS; "" for a family not switched
 
     def markdown(self) -> str:
-        return f"| {self.family} | `{self.model}` | {self.route} | {self.switched} | {self.state} |"
+        return f"| {self.family} | `{self.model}` | {self.route} | {self.switched} | {self.state} | {self.checked} |"
 
 
 def outputs(out) -> list[torch.Tensor]:
@@ -275,19 +302,33 @@ def measure(fam: Family) -> SupportRow:
         set_attention(model, "poly3")
         run(model, inputs)
     except ConfigError as refused:
-        return SupportRow(fam.name, fam.model, "", "", f"refused: {refused}".replace("|", "/"))
+        return SupportRow(fam.name, fam.model, "", "", f"refused: {refused}".replace("|", "/"), "")
     except Exception as err:  # noqa: BLE001 - a family that crashes is a row, not the end of the table
-        return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300])
+        return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300], "")
     switched_modules = [m for _, m in attention_modules(model)]
     counts = Counter(_hf_class(m).__name__ for m in switched_modules)
-    route = " + ".join(sorted({"adapter" if adapter_for(m) else "interface" for m in switched_modules}, reverse=True))
+    route = " + ".join(sorted({_route(m) for m in switched_modules}, reverse=True))
     switched = "<br>".join(f"`{name}` x{n}" for name, n in sorted(counts.items()))
     state = "switched" if error <= SOFTMAX_PARITY else f"wrong: softmax differs from HF's by {error:.1e}"
-    return SupportRow(fam.name, fam.model, route, switched, state)
+    return SupportRow(fam.name, fam.model, route, switched, state, REFERENCE_CHECKS.get(fam.key, CHECKED_ELSEWHERE))
 
 
 #: The largest difference from HF's own softmax outputs that counts as equal.
 SOFTMAX_PARITY = 1e-4
+
+
+def _route(module: nn.Module) -> str:
+    """``adapter`` or ``interface``; for a class whose reviewed transformers releases take different routes
+    (``attention/switch/reviewed.json``: Falcon), each route with its releases, the same whichever release measures
+    it."""
+    cls = _hf_class(module)
+    recorded = records().get("transformers", {}).get(f"{cls.__module__}.{cls.__qualname__}", {})
+    routes: dict[str, list[str]] = {}
+    for entry in recorded.values():
+        routes.setdefault(entry["route"], []).extend(entry["releases"])
+    if len(routes) > 1:
+        return " / ".join(f"{route} ({', '.join(sorted(r))})" for route, r in sorted(routes.items(), reverse=True))
+    return "adapter" if adapter_for(module) else "interface"
 
 
 def _hf_class(module: nn.Module) -> type:
@@ -301,8 +342,8 @@ END = "<!-- hf-support: end -->"
 
 def table(rows: list[SupportRow]) -> str:
     lines = [
-        "| family | model measured | route | attention switched | state |",
-        "| --- | --- | --- | --- | --- |",
+        "| family | model measured | route | attention switched | state | checked against the tests' reference |",
+        "| --- | --- | --- | --- | --- | --- |",
         *(r.markdown() for r in rows),
     ]
     return "\n".join(lines)

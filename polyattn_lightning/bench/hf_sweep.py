@@ -22,7 +22,7 @@ import transformers
 
 from ..attention.switch import set_attention
 from ..attention.switch.hf import probe_inputs
-from ..errors import ConfigError
+from ..errors import ArgumentParser, ConfigError, closest_option
 from . import quiet_loggers
 from .hf_support import SOFTMAX_PARITY, run
 
@@ -115,19 +115,28 @@ def verdict(model_type: str, class_name: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-    argv = sys.argv[1:] if argv is None else argv
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench hf-sweep", description=__doc__.split("\n")[0])
+    parser.add_argument("model_types", nargs="*", help="only these model types (llama, bert...; default: every one)")
+    model_types = parser.parse_args(sys.argv[1:] if argv is None else argv).model_types
+    for model_type in model_types:
+        if model_type not in MODEL_MAPPING_NAMES:
+            closest = closest_option(model_type, MODEL_MAPPING_NAMES)
+            parser.error(
+                f"{model_type!r} is not a model type of transformers' auto mapping"
+                + (f" (did you mean {closest!r}?)" if closest else "")
+            )
     with quiet_loggers("transformers", "polyattn_lightning"):
-        counts = _sweep(MODEL_MAPPING_NAMES, argv)
+        counts = _sweep(MODEL_MAPPING_NAMES, model_types)
     print(", ".join(f"{kind} {counts[kind]}" for kind in ("switched", "refused", "wrong", "crash", "skipped")))
     return 1 if counts["crash"] or counts["wrong"] else 0
 
 
-def _sweep(mapping: dict, argv: list[str]) -> Counter[str]:
-    """One line per model type of ``mapping`` (only those in ``argv`` if any); the verdicts counted."""
+def _sweep(mapping: dict, model_types: list[str]) -> Counter[str]:
+    """One line per model type of ``mapping`` (only those of ``model_types`` if any); the verdicts counted."""
     signal.signal(signal.SIGALRM, _alarm)
     counts: Counter[str] = Counter()
     for model_type, class_name in sorted(mapping.items()):
-        if argv and model_type not in argv:
+        if model_types and model_type not in model_types:
             continue
         class_name = class_name[0] if isinstance(class_name, (list, tuple)) else class_name
         signal.alarm(TIMEOUT_S)

@@ -15,7 +15,6 @@ inputs, less the output and the three gradients (goal <= 64 MB at 65k). The goal
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ import sys
 import torch
 
 from ..attention import attention
+from ..errors import ArgumentParser
 from .timing import interleaved, machine, step_peak_bytes, write_report
 
 DEFAULT_LENGTHS = tuple(2**i for i in range(10, 17))  # 1,024 .. 65,536
@@ -131,9 +131,7 @@ def goal_lines(results: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench long-context", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench long-context", description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="poly3/32,poly2/64", help="activation/head dim, comma separated")
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=list(DEFAULT_LENGTHS))
     parser.add_argument("--causal", action="store_true", help="also the causal form")

@@ -32,7 +32,6 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..errors import ArgumentParser
 from ..models import LRAClassifier
 from . import chosen_parts
 from .attention import padding_mask
@@ -288,7 +288,7 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench lra", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench lra", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--parts", default="throughput,retrieval4k", help=f"comma list of {', '.join(PARTS)} (pathx: not by default)"
     )

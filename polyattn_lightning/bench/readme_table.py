@@ -4,12 +4,12 @@ tables use it."""
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ArgumentParser
 from . import quiet_loggers
 
 
@@ -39,7 +39,7 @@ def table_command(
     subset_help: str,
 ) -> int:
     """The command line of a measured table: ``measure(names)`` makes it (all rows when ``names`` is empty)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--write", type=Path, help="rewrite the table in this Markdown file")
     parser.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table differs")
     parser.add_argument("names", nargs="*", help=subset_help)

@@ -13,7 +13,6 @@ switched-softmax come from medians of the same run.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import statistics
@@ -24,6 +23,7 @@ import timm
 import torch
 import yaml
 
+from ..errors import ArgumentParser
 from ..attention import set_attention
 from .timing import interleaved, machine, write_report
 
@@ -76,7 +76,7 @@ def bench_model(name: str, img_size: int, batch: int, repeats: int, poly3) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.bench timm", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench timm", description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8)

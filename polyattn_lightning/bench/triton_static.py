@@ -14,7 +14,6 @@ Exit status: 0 the goals hold (or another Triton: not judged), 1 a goal fails,
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -22,6 +21,8 @@ import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+from ..errors import ArgumentParser
 
 #: The Triton the goals were set for (what the CUDA torch build installs).
 GOAL_TRITON = "3.8.0"
@@ -152,9 +153,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench triton-static", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench triton-static", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="compiling processes (default: 2)")
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md table")

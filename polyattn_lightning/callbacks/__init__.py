@@ -8,9 +8,10 @@ from .ema import EMA
 from .memory import MemoryReport
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
-from .preemption import SlurmPreemption
+from .preemption import Interrupted, StopOnSignal
 from .resume import ExactResume
 from .standard import LastCheckpoint
+from .. import deprecated
 
 __all__ = [
     "AttentionMaps",
@@ -18,9 +19,14 @@ __all__ = [
     "EMA",
     "MemoryReport",
     "ExactResume",
+    "Interrupted",
     "LastCheckpoint",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PredictionWriter",
-    "SlurmPreemption",
+    "StopOnSignal",
 ]
+
+
+def __getattr__(name: str):
+    return deprecated.attribute(__name__, name)

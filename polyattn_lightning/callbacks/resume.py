@@ -1,7 +1,9 @@
-"""What a Lightning checkpoint lacks for an exact resume: RNG states, and (a Lightning bug) the loader position."""
+"""What a Lightning checkpoint lacks for an exact resume: RNG states, (a Lightning bug) the loader position, and its
+checkpoint callbacks' state when their folder is spelled another way."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,6 +38,10 @@ class ExactResume(Callback):
     first batch is drawn, which is where the original run stood when it saved.
     Resuming on another number of ranks restores no RNG state (with a warning).
 
+    * Checkpoint folders: Lightning gives a ModelCheckpoint its saved state (best-k
+      scores, last path) only if its folder is spelled as the checkpoint spells it,
+      and warns "dirpath has changed" otherwise; a run resumed in its own folder
+      under another spelling (absolute, relative, through a link) keeps that state.
     * Schedule: the lr scheduler's state comes from the checkpoint (timm's
       schedulers store every parameter, the length of the cosine included), so a
       resumed run keeps the schedule of the run that saved it; a larger
@@ -57,6 +63,7 @@ class ExactResume(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        _same_checkpoint_folders(trainer, checkpoint)
         self._rng_states = checkpoint.get(RNG_KEY)
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])
@@ -93,6 +100,17 @@ class ExactResume(Callback):
         for loader, state in zip(stateful, states):
             if isinstance(loader, ResumableDataLoader):  # it starts iterating lazily, so a late load is in time
                 loader.load_state_dict(state)
+
+
+def _same_checkpoint_folders(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Every ModelCheckpoint state of ``checkpoint`` whose folder is one of this run's under another spelling names
+    it as this run does (Lightning compares the strings)."""
+    callbacks = [c for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+    folders = {os.path.realpath(c.dirpath): c.dirpath for c in callbacks}
+    for state in (checkpoint.get("callbacks") or {}).values():
+        saved = state.get("dirpath") if isinstance(state, dict) else None
+        if isinstance(saved, str) and os.path.realpath(saved) in folders:
+            state["dirpath"] = folders[os.path.realpath(saved)]
 
 
 def _limits(limits: dict[str, int]) -> str:

@@ -28,7 +28,7 @@ from .attention_norms import AttentionNorms
 from .memory import MemoryReport
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
-from .preemption import SlurmPreemption
+from .preemption import StopOnSignal
 from .resume import ExactResume
 
 #: The best checkpoint's file name.
@@ -93,8 +93,9 @@ STANDARD_CALLBACKS = (
     StandardCallback("resume", ExactResume, "a resumed run continues exactly (RNG states, mid-epoch loader position)"),
     StandardCallback(
         "preemption",
-        SlurmPreemption,
-        "under SLURM, the requeue signal and SIGTERM checkpoint at the next step boundary (exact requeue)",
+        StopOnSignal,
+        "Ctrl-C (and under SLURM the requeue signal and SIGTERM) checkpoints at the next step boundary, then exits "
+        "(130 on Ctrl-C); resuming is exact",
     ),
     StandardCallback(
         "nan_guard", NonFiniteLossGuard, "a NaN or inf loss stops the run (on_nonfinite: skip skips the step)"

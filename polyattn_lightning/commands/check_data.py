@@ -10,13 +10,13 @@ them all) otherwise. ``--data.check_images true`` runs the same check at the sta
 
 from __future__ import annotations
 
-import argparse
+import re
 import sys
 
 from ..cli import PolyattnCLI, check_config, make_cli, resolve_task_defaults
 from ..data.base import DataModule
 from ..data.image_check import find_unreadable_images
-from ..errors import ConfigError, DataError
+from ..errors import UNRECOGNIZED, ArgumentParser, ConfigError, DataError
 
 
 class DataOnlyCLI(PolyattnCLI):
@@ -44,11 +44,16 @@ def image_paths(datamodule) -> list[str]:
     return DataModule.image_files(datamodule)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+#: The options passed on to the fit parser (``--data ImageFolderDataModule``, ``--data.root DIR``...); any other one
+#: is this command's, matched in full.
+PASSED_ON = re.compile(r"--(data|model|trainer|seed_everything)([.=]|$)")
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="polyattn check-data",
         description=__doc__.split("\n\n")[1],
-        epilog="Further --data.* / --model.* arguments are passed on as for `polyattn fit`.",
+        epilog="Further --data.* / --model.* / --trainer.* arguments are passed on as for `polyattn fit`.",
     )
     p.add_argument("--config", "-c", action="append", required=True, help="experiment config (repeat to compose)")
     p.add_argument(
@@ -59,7 +64,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, str]:
     """Run the check; returns the unreadable files with why (raises a DataError after printing them)."""
-    args, overrides = parser().parse_known_args(argv)
+    command = parser()
+    args, overrides = command.parse_known_args(argv)
+    unknown = [arg for arg in overrides if arg.startswith("--") and not PASSED_ON.match(arg)]
+    if unknown:
+        command.error(f"{UNRECOGNIZED}{' '.join(unknown)}")
     config_args = [arg for path in args.config for arg in ("--config", path)]
     sys.argv = sys.argv[:1]  # parsed here: LightningCLI would warn that its args and sys.argv both hold some
     datamodule = make_cli([*config_args, *overrides], run=False, cli_class=DataOnlyCLI).datamodule

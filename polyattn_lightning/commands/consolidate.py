@@ -4,25 +4,24 @@ A sharded run (:class:`~polyattn_lightning.sharding.ShardedStrategy`) writes eac
 ``--out`` writes the one-file Lightning checkpoint the DDP path writes (full weights, optimizer states by parameter
 index, loops, schedulers, RNG states): it resumes with ``--ckpt_path`` on one process, on DDP or sharded again on
 any number of ranks, and every command that reads checkpoints reads it. ``--pretrained`` (Hugging Face tasks) writes
-the trained model with ``save_pretrained``: plain ``transformers`` loads it (with its own attention), and
-:func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it switched to the trained activation. Both
+the trained model with ``save_pretrained``: :func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it
+switched to the trained activation (plain ``transformers`` loads a softmax model and refuses any other). Both
 run in one process, without a process group, and read the folder without running pickled code.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..checkpoint import atomic_save
-from ..errors import ConfigError
+from ..errors import ArgumentParser, ConfigError
 from ..sharding import read_consolidated
 from ..sharding.checkpoints import TASK_KEY, check_sharded_folder, in_memory_file, read_meta
 from .maps import module_class
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polyattn consolidate", description=__doc__.split("\n")[0].split(": ", 1)[1])
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="polyattn consolidate", description=__doc__.split("\n")[0].split(": ", 1)[1])
     p.add_argument("ckpt", type=Path, help="a sharded checkpoint folder (.metadata, *.distcp, meta.pt)")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", type=Path, help="the one checkpoint file to write, e.g. last_full.ckpt")

@@ -10,7 +10,6 @@ trained with (ImageNet's by default; ``0.5 0.5 0.5`` for the digits quickstart).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from .. import tasks
 from ..diagnostics.figures import attention_pictures
 from ..checkpoint import load_checkpoint
 from ..data.base import read_rgb
-from ..errors import ConfigError
+from ..errors import ArgumentParser, ConfigError
 from ..sharding.checkpoints import check_sharded_folder, in_memory_file, read_consolidated
 
 
@@ -83,8 +82,8 @@ def input_size(module: LightningModule, given: int | None) -> int:
     return size if isinstance(size, int) else size[0]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="polyattn maps",
         description=(
             "Heat maps of phi(S) per layer and head, and where the model looks over each image, for a checkpoint "

@@ -12,7 +12,6 @@ labelled by its path and the attention activation of its ``config.yaml`` or
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ from matplotlib.figure import Figure
 
 from ..attention import describe, get_activation
 from ..diagnostics.norms import QUANTITIES
-from ..errors import ConfigError, MissingPathError
+from ..errors import ArgumentParser, ConfigError, MissingPathError
 
 #: ``attention/<quantity>/layer<NN>/mean``: the head averages the figure draws.
 MEAN_KEY = re.compile(r"^attention/(?P<quantity>\w+)/layer(?P<layer>\d+)/mean$")
@@ -128,8 +127,8 @@ def norms_figure(runs: dict[str, Series], layers: list[int] | None, quantities: 
     return fig
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="polyattn norms",
         description=(
             "Draw the attention norms runs logged (TensorBoard or CSV) against the training step: a line per run, "

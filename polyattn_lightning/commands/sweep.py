@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from ..attention import describe, get_activation
 from ..cli import make_cli
-from ..errors import ConfigError, MissingPathError
+from ..errors import ArgumentParser, ConfigError, MissingPathError
 from ..logs import quiet_loggers
 
 #: Trainer settings of every sweep run: train ``--steps`` steps, validate once at the end, write nothing.
@@ -115,8 +115,8 @@ def sweep_figure(rows: list[dict], title: str) -> Figure:
     return fig
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="polyattn sweep",
         description=(
             "Train a config briefly for every attention scale and sequence length and plot the final validation "

@@ -87,7 +87,7 @@ def convert(
     before any weight changes.
     """
     begin = time.perf_counter()
-    check_options("convert", options, OPTIONS)
+    check_options(OPTIONS, options, "convert")
     if method not in METHODS:
         raise ConfigError(f"convert: method {method!r} is not one of {', '.join(METHODS)}")
     if options and method != "transfer":

@@ -87,7 +87,7 @@ def add_lora(
     """Put adapters on ``model`` (in place; see the module docstring) as ``recipe`` says, or its options given as
     a mapping or as keywords (``add_lora(model, r=4, target=["q", "v"])``; none: the defaults); an unknown option
     is refused in one line naming them all. Returns :func:`lora_summary`."""
-    check_options("add_lora", options, ("recipe", "trainable", *(f.name for f in fields(LoraRecipe))))
+    check_options(("recipe", "trainable", *(f.name for f in fields(LoraRecipe))), options, "add_lora")
     if recipe is not None and options:
         raise ConfigError(f"add_lora: the options are given twice, as recipe and as {', '.join(options)}; give one")
     if not isinstance(recipe, LoraRecipe):

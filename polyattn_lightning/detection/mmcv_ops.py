@@ -8,7 +8,9 @@ backward, NMS), with mmcv's signatures and in-place output conventions, makes mm
 run unchanged on CPU and CUDA. Every other name resolves to a function that raises
 :class:`MMCVOpUnavailable` naming the op.
 
-A compiled mmcv that imports takes precedence: :func:`install` then changes nothing.
+A compiled mmcv that imports takes precedence: :func:`install` then changes nothing. The stand-in answers the calls
+of mmcv's ``RoIAlignFunction`` and ``NMSop`` as the reviewed mmcv releases make them (:data:`MIRROR`,
+``attention/switch/reviewed.py``): with another release's calls :func:`install` refuses in one line.
 """
 
 from __future__ import annotations
@@ -25,7 +27,19 @@ import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 from torch import Tensor
 from torchvision.ops import nms as _tv_nms
 
+from ..attention.switch.reviewed import Mirror
+
 EXT_NAME = "mmcv._ext"
+#: The mmcv code whose calls the stand-in answers (the signatures and in-place conventions below).
+MIRROR = Mirror(
+    "mmcv-lite",
+    EXT_NAME,
+    (
+        "mmcv.ops.roi_align.RoIAlignFunction.forward",
+        "mmcv.ops.roi_align.RoIAlignFunction.backward",
+        "mmcv.ops.nms.NMSop.forward",
+    ),
+)
 
 
 class MMCVOpUnavailable(NotImplementedError):
@@ -166,7 +180,9 @@ def install() -> bool:
 
     Returns True when the stand-in serves, False when a compiled mmcv does. Safe to call again and
     after ``mmcv.ops`` was imported: a failed ``import mmcv.ops`` left nothing bound, and ops
-    modules that bound another stand-in get this one.
+    modules that bound another stand-in get this one. Raises
+    :class:`~polyattn_lightning.attention.switch.reviewed.UnreviewedCode` when the installed mmcv calls its ops
+    otherwise than the reviewed releases (:data:`MIRROR`).
     """
     current = sys.modules.get(EXT_NAME)
     if isinstance(current, TorchvisionExt):
@@ -194,10 +210,12 @@ def install() -> bool:
     for name, loaded in list(sys.modules.items()):
         if name.startswith("mmcv.ops.") and hasattr(loaded, "ext_module"):
             loaded.ext_module = module
+    MIRROR.route()
     return True
 
 
 __all__ = [
+    "MIRROR",
     "MMCVOpUnavailable",
     "PROVIDED",
     "TorchvisionExt",

@@ -7,6 +7,7 @@ MiniLM of the ``[hf-example]`` extra. Loading is offline (``local_files_only=Tru
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import re
@@ -14,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MissingPathError
+from ..checkpoint import CheckpointLoadError, describe_error
+from ..errors import ConfigError, MissingPathError, closest_option
 
 PACKAGE_PREFIX = "package:"
 WEIGHT_FILES = (
@@ -70,12 +72,23 @@ def resolve_folder(spec: str | Path, key: str = "model") -> Path:
 
 
 def model_folder(spec: str | Path, key: str = "model") -> Path:
-    """:func:`resolve_folder`, checked to hold a model: ``config.json`` and weights."""
+    """:func:`resolve_folder`, checked to hold a model: ``config.json`` and weights, its safetensors files whole (their
+    headers read: every tensor's bytes within the file; transformers' own error names no file)."""
+    from safetensors import safe_open
+
     folder = resolve_folder(spec, key)
     if not (folder / "config.json").is_file():
         raise MissingPathError(f"{key}: {folder} holds no model: no config.json (expected a save_pretrained folder)")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise MissingPathError(f"{key}: {folder} holds no model weights: none of {', '.join(WEIGHT_FILES)}")
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as err:
+            raise CheckpointLoadError(
+                f"{key}: weights {file} are truncated or corrupt ({describe_error(err)})"
+            ) from err
     return folder
 
 
@@ -93,18 +106,68 @@ def load_tokenizer(spec: str | Path, key: str = "tokenizer"):
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
-def config_from_dict(config: Mapping[str, Any], key: str = "hf_config"):
-    """An HF config from a plain dict with ``model_type`` (how a checkpoint stores it; also a YAML mapping)."""
-    from transformers import AutoConfig
+def config_from_dict(config: Mapping[str, Any], key: str = "hf_config", strict: bool = True):
+    """An HF config from a plain dict with ``model_type`` (how a checkpoint stores it; also a YAML mapping).
+
+    With ``strict`` (a mapping the user wrote), a key the config class does not declare is an error naming the
+    closest one: transformers would keep ``hiden_size`` as an attribute no model reads and build the default
+    width. A value the config class refuses (heads that do not divide the width) is a one-line error too."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     values = dict(config)
     model_type = values.pop("model_type", None)
     if model_type is None:
         raise ConfigError(f"{key} needs model_type (e.g. llama, bert), got keys {', '.join(values) or 'none'}")
+    if model_type not in CONFIG_MAPPING:
+        closest = closest_option(str(model_type), CONFIG_MAPPING.keys())
+        raise ConfigError(
+            f"{key}.model_type {model_type!r} is not a model type of transformers"
+            + (f" (did you mean {closest!r}?)" if closest else "")
+        )
     try:
-        return AutoConfig.for_model(model_type, **values)
-    except ValueError as err:
-        raise ConfigError(f"{key}.model_type {model_type!r}: {err}") from None
+        built = AutoConfig.for_model(model_type, **values)
+    except (ValueError, StrictDataclassError) as err:
+        raise ConfigError(f"{key}: {first_line(err.__cause__ or err)}") from None
+    if strict and dataclasses.is_dataclass(built):
+        declared = [field.name for field in dataclasses.fields(built)] + list(type(built).attribute_map)
+        for name in values:
+            if name in vars(built) and name not in declared:  # kept as a plain attribute, read by nothing
+                closest = closest_option(name, declared)
+                raise ConfigError(
+                    f"{key}.{name} is not a setting of {type(built).__name__}"
+                    + (f" (did you mean {closest!r}?)" if closest else "")
+                    + f"; its settings: {', '.join(sorted(declared))}"
+                )
+    return built
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (transformers' and huggingface_hub's run over several)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def folder_config(folder: Path, key: str = "model"):
+    """The config a model folder holds (``AutoConfig``, offline); one that transformers cannot read is an error
+    naming the folder."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError) as err:
+        raise ConfigError(
+            f"{key}: {folder}/config.json cannot be read as a transformers config: {first_line(err)}"
+        ) from None
+
+
+def check_auto_class(auto: type, config, key: str, needs: str) -> None:
+    """``auto`` (``AutoModelForCausalLM``...) must have a model class for ``config``'s type; ``needs`` says what it
+    takes (``a causal language model (llama, gpt2...)``)."""
+    if type(config) not in auto._model_mapping:
+        raise ConfigError(
+            f"{key}: model_type {config.model_type!r} has no {auto.__name__} model in transformers; this task needs "
+            f"{needs}"
+        )
 
 
 def check_tokenizer(tokenizer, config, tokenizer_key: str, model_name: str) -> None:
@@ -124,8 +187,11 @@ def check_tokenizer(tokenizer, config, tokenizer_key: str, model_name: str) -> N
 
 
 __all__ = [
+    "check_auto_class",
     "check_tokenizer",
     "config_from_dict",
+    "first_line",
+    "folder_config",
     "has_tokenizer",
     "load_tokenizer",
     "model_folder",

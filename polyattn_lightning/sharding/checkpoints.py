@@ -260,14 +260,26 @@ def replace_folder(new: Path, path: Path) -> None:
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """``module``'s state dict with whole tensors on CPU (sharded parameters gathered: every rank must call it;
-    ranks but 0 get an empty dict), or its plain ``state_dict()`` when nothing in it is sharded."""
+    ranks but 0 get an empty dict), or its plain ``state_dict()`` when nothing in it is sharded.
+
+    As in ``state_dict()``, the names of one shared parameter (tied weights: an LM head and its input embeddings)
+    hold one tensor: gathering copies each name on its own, and ``save_pretrained``, which finds tied weights by
+    their storage, would then write the head as a weight of its own."""
     from torch.distributed.tensor import DTensor
 
     if not any(isinstance(p, DTensor) for p in module.parameters()):
         return module.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    for shared in names.values():
+        held = [name for name in shared if name in state]
+        for name in held[1:]:
+            state[name] = state[held[0]]
+    return state
 
 
 def load_full(

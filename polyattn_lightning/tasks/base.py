@@ -53,7 +53,7 @@ from ..attention.switch import set_attention
 from ..conversion import ConvertRecipe, convert
 from ..conversion.lora import LoraRecipe, add_lora
 from ..diagnostics.probe import default_probe
-from ..errors import ConfigError, UserInputError
+from ..errors import ConfigError, UserInputError, check_options
 from ..sharding import building_later, sharded_strategy
 from .optim import OptimRecipe, configure_recipe, step_scheduler
 
@@ -92,6 +92,13 @@ class TaskModule(pl.LightningModule):
     #: the checkpoint whose saved hyperparameters built this module; the CLI sets it for ``--ckpt_path``, so that
     #: errors name it rather than the config those values no longer come from
     hparams_checkpoint: str | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        """Refuse a keyword option the task's ``__init__`` does not take, before anything is built: one line naming
+        it, the closest option and every option the task takes (Python's own error is a bare ``TypeError``), for
+        every task without it remembering to. (Unpickling and copying call this without arguments.)"""
+        check_options(cls.__init__, kwargs, owner=cls.__name__)
+        return super().__new__(cls)
 
     def __init__(self) -> None:
         super().__init__()

@@ -24,8 +24,9 @@ transformers is imported only when a model is built.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,10 +40,13 @@ from torchmetrics.classification import MulticlassAccuracy
 from ..attention import ActivationSpec
 from ..conversion import ConvertRecipe
 from ..conversion.lora import LoraRecipe, is_lora, merged_state_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, UserInputError
 from ..models.hf_pretrained import (
+    check_auto_class,
     check_tokenizer,
     config_from_dict,
+    first_line,
+    folder_config,
     has_tokenizer,
     load_tokenizer,
     model_folder,
@@ -68,41 +72,88 @@ HF_OPTIM = OptimRecipe(
 )
 
 
+@contextlib.contextmanager
+def model_errors(key: str) -> Iterator[None]:
+    """A ``ValueError`` transformers raises while building a model from the config (or folder) ``key`` names, as
+    a one-line :class:`~polyattn_lightning.errors.ConfigError` naming that key."""
+    try:
+        yield
+    except UserInputError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{key}: transformers cannot build the model from it: {first_line(err)}") from err
+
+
 class HFTask(TaskModule):
     """What both HF families share: the model from a folder or a config, the stored config, checks, export."""
 
     #: the ``transformers`` auto class that makes the model, e.g. ``AutoModelForCausalLM``
     auto_class: ClassVar[str]
+    #: what :attr:`auto_class` makes, for the error when a model type has none
+    model_kinds: ClassVar[str]
 
-    def build(self) -> None:
+    @classmethod
+    def model_source(cls, args: Mapping[str, Any]) -> tuple[str, Any, Path | None]:
+        """Where the model comes from, read and checked before anything is built: ``(key, config, folder)`` of a
+        checkpoint's ``built_config`` or a new model's ``hf_config`` (folder None; the mapping the user wrote is read
+        strictly: no key the config class does not declare), or of a pretrained ``model`` folder; its model type
+        must be one :attr:`auto_class` makes."""
         import transformers
 
-        hp = self.hparams
-        auto = getattr(transformers, self.auto_class)
-        if hp.model is not None and hp.hf_config is not None:
+        model, hf_config, built = (args.get(name) for name in ("model", "hf_config", "built_config"))
+        if model is not None and hf_config is not None:
             raise ConfigError(
                 "give model.init_args.model (a pretrained folder) or model.init_args.hf_config "
                 "(a model from a config), not both"
             )
-        # a checkpoint's hyperparameters carry built_config: its weights replace these, converted once already
-        self.fresh_weights = hp.built_config is None
-        if hp.built_config is not None or hp.hf_config is not None:  # a checkpoint's config, or a new model
-            key = "built_config" if hp.built_config is not None else "model.init_args.hf_config"
-            config = config_from_dict(hp.built_config or hp.hf_config, key)
-            config.update(self.config_overrides())
-            with self.init_context():  # the meta device under the sharded strategy
-                self.model = auto.from_config(config, attn_implementation="sdpa")
-        elif hp.model is not None:
-            folder = model_folder(hp.model, "model.init_args.model")
-            plain_load_reports()
-            self.model = auto.from_pretrained(
-                folder, local_files_only=True, attn_implementation="sdpa", **self.config_overrides()
-            )
+        if built is not None or hf_config is not None:  # a checkpoint's config, or a new model
+            key = "built_config" if built is not None else "model.init_args.hf_config"
+            config, folder = config_from_dict(built or hf_config, key, strict=built is None), None
+        elif model is not None:
+            key = "model.init_args.model"
+            folder = model_folder(model, key)
+            config = folder_config(folder, key)
         else:
             raise ConfigError(
                 "give model.init_args.model (a pretrained folder or package:<name>) or "
                 "model.init_args.hf_config (a mapping with model_type)"
             )
+        check_auto_class(getattr(transformers, cls.auto_class), config, key, cls.model_kinds)
+        return key, config, folder
+
+    @classmethod
+    def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
+        """Also :meth:`model_source`, unless a checkpoint's ``built_config`` gives the model (nothing is read), and an
+        ``export_dir`` that is a file (``save_pretrained`` would fail on it after the whole run)."""
+        super().check_init_args(init_args)
+        if init_args.get("built_config") is None:
+            cls.model_source(init_args)
+        export_dir = init_args.get("export_dir")
+        if export_dir and Path(export_dir).exists() and not Path(export_dir).is_dir():
+            raise ConfigError(
+                f"model.init_args.export_dir {export_dir} is a file; give a folder (save_pretrained writes the model "
+                "and tokenizer into one)"
+            )
+
+    def build(self) -> None:
+        import transformers
+
+        auto = getattr(transformers, self.auto_class)
+        key, config, folder = self.model_source(self.hparams)
+        # a checkpoint's hyperparameters carry built_config: its weights replace these, converted once already
+        self.fresh_weights = self.hparams.built_config is None
+        # attn_implementation=None: transformers' default, SDPA where the model has it, else eager (MPT, BigBird:
+        # the switch then says whether it switches them), never an implementation a saved config names
+        if folder is None:
+            config.update(self.config_overrides())
+            with self.init_context(), model_errors(key):  # the meta device under the sharded strategy
+                self.model = auto.from_config(config, attn_implementation=None)
+        else:
+            plain_load_reports()
+            with model_errors(key):
+                self.model = auto.from_pretrained(
+                    folder, local_files_only=True, attn_implementation=None, **self.config_overrides()
+                )
         self.model.train(self.training)  # from_pretrained returns it in eval mode (dropout off)
         self.hparams.built_config = json.loads(self.model.config.to_json_string(use_diff=False))
         datamodule = self._trainer.datamodule if self._trainer is not None else None
@@ -197,6 +248,7 @@ class HFSequenceClassification(HFTask):
     """An HF encoder with a classification head (``AutoModelForSequenceClassification``); accuracy on val/test."""
 
     auto_class = "AutoModelForSequenceClassification"
+    model_kinds = "a model with a sequence classification head (bert, roberta, deberta-v2, llama...)"
     data_args = ("num_classes", "classes")
 
     def __init__(
@@ -256,6 +308,23 @@ class HFSequenceClassification(HFTask):
         super().build()
         self.set_metrics(MetricCollection({"top1": MulticlassAccuracy(self.hparams.num_classes, average="micro")}))
 
+    def check_fit(self, datamodule) -> None:
+        """Also the padding id: a classifier that reads each row's last real token (GPT-2, Llama...) needs its
+        config's ``pad_token_id`` on padded batches; none while the data pads is an error saying which to give."""
+        super().check_fit(datamodule)
+        pad = datamodule.tokenizer.pad_token_id
+        if pad is None or getattr(self.model.config.get_text_config(), "pad_token_id", None) is not None:
+            return
+        where = (
+            f'set "pad_token_id": {pad} in the config.json of model.init_args.model {self.hparams.model}'
+            if self.hparams.model is not None
+            else f"give model.init_args.hf_config.pad_token_id {pad}"
+        )
+        raise ConfigError(
+            f"{type(self.model).__name__} has no pad_token_id, which it needs to find each padded row's last token, "
+            f"and the data's tokenizer pads with id {pad}: {where}"
+        )
+
     def lora_trainable(self) -> list[torch.nn.Module]:
         """The new classification head: every part of the model outside its pretrained base model."""
         prefix = self.model.base_model_prefix
@@ -282,6 +351,7 @@ class HFCausalLM(HFTask):
     """
 
     auto_class = "AutoModelForCausalLM"
+    model_kinds = "a causal language model (llama, gpt2, qwen2, mistral...)"
     data_args = ("vocab_size",)
     monitor = "val/perplexity"
     mode = "min"

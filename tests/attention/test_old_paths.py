@@ -7,6 +7,8 @@ exist resolve to the very objects of their new homes.
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import textwrap
 import warnings
 
 import pytest
+import torch
 
 from polyattn_lightning import deprecated
 
@@ -115,3 +118,49 @@ def test_a_removed_name_says_what_replaced_it():
 
     with pytest.raises(AttributeError, match=r"hf_calibration.fold_temperatures was removed; use .*convert\("):
         hf_calibration.fold_temperatures
+
+
+#: The old doors: every old module path whose ``set_attention`` code switched models with.
+OLD_DOORS = [old for old, names in USED.items() if "set_attention" in names]
+
+
+def _old_module(old: str):
+    with warnings.catch_warnings():  # its deprecation line (checked above, in a fresh interpreter)
+        warnings.simplefilter("ignore", FutureWarning)
+        return importlib.import_module(old)
+
+
+def test_every_name_an_old_module_shares_with_the_one_door_is_the_door():
+    from polyattn_lightning.attention import switch
+
+    shared = [(old, name) for old, names in USED.items() for name in names if name in switch.__all__]
+    assert ("polyattn_lightning.attention.timm_patch", "set_attention") in shared
+    for old, name in shared:
+        assert getattr(_old_module(old), name) is getattr(switch, name), f"{old}.{name}"
+
+
+@pytest.mark.parametrize("old", OLD_DOORS)
+def test_an_old_door_switches_an_hf_and_a_timm_model_as_the_one_door_does(old):
+    """``from polyattn_lightning.attention.timm_patch import set_attention`` took HF models too; both old doors now
+    switch either kind exactly as ``polyattn_lightning.attention.set_attention`` does."""
+    import timm
+    from transformers import BertConfig, BertModel
+
+    from polyattn_lightning.attention import set_attention
+
+    old_door = _old_module(old).set_attention
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=16)).eval()
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, depth=2, embed_dim=16, num_heads=2,
+                            num_classes=3).eval()
+    ids, images = torch.randint(0, 32, (2, 6)), torch.randn(2, 3, 16, 16)
+    for model, inputs in ((bert, {"input_ids": ids}), (vit, {"x": images})):
+        through_old, through_door = copy.deepcopy(model), copy.deepcopy(model)
+        assert old_door(through_old, "poly3") == set_attention(through_door, "poly3") == 2
+        with torch.no_grad():
+            old_out, door_out, softmax_out = (m(**inputs) for m in (through_old, through_door, model))
+        if not isinstance(old_out, torch.Tensor):
+            old_out, door_out, softmax_out = (o.last_hidden_state for o in (old_out, door_out, softmax_out))
+        torch.testing.assert_close(old_out, door_out, rtol=0, atol=0)
+        assert (old_out - softmax_out).abs().max() > 1e-3  # switched: no longer the softmax model's output

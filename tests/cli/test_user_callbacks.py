@@ -18,7 +18,7 @@ from polyattn_lightning.callbacks import (
     LastCheckpoint,
     NonFiniteLossError,
     NonFiniteLossGuard,
-    SlurmPreemption,
+    StopOnSignal,
 )
 from polyattn_lightning.callbacks.standard import STANDARD_KEYS
 from polyattn_lightning.errors import ConfigError
@@ -57,7 +57,7 @@ def assert_users_callbacks_run(callbacks) -> None:
     [stopping] = of_type(callbacks, EarlyStopping)
     assert (stopping.monitor, stopping.patience) == ("val/top1", 7)
     assert not of_type(callbacks, LastCheckpoint)  # the user's save_last writes last.ckpt
-    assert len(of_type(callbacks, ExactResume)) == len(of_type(callbacks, SlurmPreemption)) == 1  # the others stay
+    assert len(of_type(callbacks, ExactResume)) == len(of_type(callbacks, StopOnSignal)) == 1  # the others stay
 
 
 @pytest.mark.parametrize("form", ["yaml", "append"])
@@ -157,7 +157,7 @@ def test_an_old_config_listing_standard_callbacks_runs_with_its_own_settings(tmp
     callbacks = run.trainer.callbacks
     assert [guard.on_nonfinite for guard in of_type(callbacks, NonFiniteLossGuard)] == ["skip"]
     assert [norms.every_n_steps for norms in of_type(callbacks, AttentionNorms)] == [7]
-    assert len(of_type(callbacks, ExactResume)) == len(of_type(callbacks, SlurmPreemption)) == 1
+    assert len(of_type(callbacks, ExactResume)) == len(of_type(callbacks, StopOnSignal)) == 1
     filenames = sorted(cb.filename for cb in callbacks if isinstance(cb, ModelCheckpoint))
     assert filenames == ["best-epoch{epoch:03d}", "every100", "last"]  # the old run's two and the user's own third
     assert not of_type(callbacks, LastCheckpoint)  # the old run's plain last checkpoint writes last.ckpt

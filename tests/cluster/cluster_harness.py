@@ -66,8 +66,8 @@ class AugmentedDigits(DigitsDataModule):
         self.train_set = Augmented(self.train_set)
 
 
-def augmented_digits(batch_size: int, num_workers: int = 0) -> AugmentedDigits:
-    return AugmentedDigits(img_size=8, batch_size=batch_size, num_workers=num_workers)
+def augmented_digits(batch_size: int, num_workers: int = 0, val_fraction: float = 0.2) -> AugmentedDigits:
+    return AugmentedDigits(img_size=8, batch_size=batch_size, num_workers=num_workers, val_fraction=val_fraction)
 
 
 class MemoryLogger(Logger):

@@ -23,12 +23,14 @@ from cluster_harness import MemoryLogger, RecordBatches, augmented_digits, tiny_
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from training_helpers import cpu_trainer
 
-from polyattn_lightning.callbacks import ExactResume, SlurmPreemption
+from polyattn_lightning.callbacks import ExactResume, StopOnSignal
 from polyattn_lightning.rng import capture_rng_state
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 from polyattn_lightning.distributed import distributed_teardown, gather_objects
+from polyattn_lightning.sharding import ShardedStrategy, full_state_dict
 
 STEPS_PER_EPOCH, EPOCHS, VAL_BATCHES = 4, 3, 3
 SIGNAL_STEP = 5  # epoch 1, batch 1
@@ -46,24 +48,27 @@ class RecordValidation(Callback):
 
 
 class SendSignal(Callback):
-    """Sends this process ``signum`` once, at ``where``:
+    """Sends this process ``signum`` (``times`` in a row: an insisting Ctrl-C) once, at ``where``:
 
-    * ``mid_step``: after backward, before the optimizer step of step SIGNAL_STEP;
+    * ``mid_step``: after backward, before the optimizer step of step SIGNAL_STEP (``first_step``: of step 0;
+      ``last_step_of_epoch``: of the last step of epoch 0, whose validation is due after it);
     * ``validation``: between the first and second batch of the validation at the end of epoch 0;
     * ``epoch_boundary``: at the start of epoch 1, before its first batch (``epoch_2_boundary``: of epoch 2);
     * ``checkpoint_write``: while last.ckpt is written at the end of epoch 0 (by :class:`SignallingIO`).
     """
 
-    def __init__(self, where: str, signum: int) -> None:
-        self.where, self.signum, self.sent = where, signum, False
+    def __init__(self, where: str, signum: int, times: int = 1) -> None:
+        self.where, self.signum, self.times, self.sent = where, signum, times, False
 
     def send(self) -> None:
         if not self.sent:
             self.sent = True
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
     def on_after_backward(self, trainer, pl_module) -> None:
-        if self.where == "mid_step" and trainer.global_step == SIGNAL_STEP:
+        steps = {"mid_step": SIGNAL_STEP, "first_step": 0, "last_step_of_epoch": STEPS_PER_EPOCH - 1}
+        if trainer.global_step == steps.get(self.where):
             self.send()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -107,16 +112,29 @@ def train(root: Path, where: str = "none", signum: int = signal.SIGUSR1, ranks: 
         logger=logger,
         enable_checkpointing=True,
         plugins=[SignallingIO(sender)],
-        callbacks=[ExactResume(), SlurmPreemption(kill_wait=kill_wait), record, validation,
+        callbacks=[ExactResume(), StopOnSignal(kill_wait=kill_wait), record, validation,
                    *([sender] if sender else []), ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)],
     )
     try:
         trainer.fit(model, augmented_digits(batch_size=32 // world), ckpt_path=ckpt_path)
     except SIGTERMException:
         return None
+    return outcome(trainer, logger, record, validation)
+
+
+def outcome(trainer: pl.Trainer, logger: MemoryLogger, record: RecordBatches, validation: RecordValidation) -> dict:
+    """What a resumed run must end with as the uninterrupted one does (every rank calls it): the whole weights and
+    optimizer state (gathered under the sharded strategy), lr schedule, every rank's RNG states, and rank 0's batches,
+    losses and validation passes."""
+    model, optimizer = trainer.lightning_module, trainer.optimizers[0]
+    if isinstance(trainer.strategy, ShardedStrategy):
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer_state = get_optimizer_state_dict(model, optimizer, options=full)
+    else:
+        optimizer_state = optimizer.state_dict()
     return {
-        "weights": model.state_dict(),
-        "optimizer": trainer.optimizers[0].state_dict(),
+        "weights": {key: value.detach().cpu().clone() for key, value in full_state_dict(model).items()},
+        "optimizer": optimizer_state,
         "lr_schedule": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
         "rng": capture_all_rng(),
         "batches": record.seen,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -78,7 +79,8 @@ def test_cli_checkpoint_loads_with_weights_only_and_resumes(cli_checkpoint, tmp_
     assert checkpoint["global_step"] == 2
     assert len(checkpoint["rng_states"]) == 1
     assert load_checkpoint(cli_checkpoint)["state_dict"].keys() == checkpoint["state_dict"].keys()
-    fit_quickstart(tmp_path, 2, "--ckpt_path", str(cli_checkpoint))  # through SafeCheckpointIO
+    run_dir = shutil.copytree(cli_checkpoint.parents[1], tmp_path / "run")  # the resumed run goes on in its folder
+    fit_quickstart(tmp_path, 2, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"))  # through SafeCheckpointIO
     [resumed] = tmp_path.rglob("last.ckpt")
     assert torch.load(resumed, weights_only=True)["global_step"] == 4
 

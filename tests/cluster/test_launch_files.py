@@ -131,7 +131,7 @@ def test_slurm_script_asks_for_one_task_per_device_and_requeue_signal():
     trainer = make_cli([*command[4:], "--trainer.accelerator", "cpu"], run=False).trainer
     assert (trainer.num_devices, trainer.num_nodes) == (8, 2)
     assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._timeout == timedelta(minutes=5)
-    assert any(type(callback).__name__ == "SlurmPreemption" for callback in trainer.callbacks)
+    assert any(type(callback).__name__ == "StopOnSignal" for callback in trainer.callbacks)
     assert trainer.logger.log_dir == "runs/classification/quickstart/slurm-42"  # where the resume below looks
 
 

@@ -139,11 +139,11 @@ def test_sigterm_too_late_for_a_checkpoint_exits_and_resumes_from_the_last_compl
 
 
 def test_kill_wait_must_be_positive():
-    from polyattn_lightning.callbacks import SlurmPreemption
+    from polyattn_lightning.callbacks import StopOnSignal
     from polyattn_lightning.errors import ConfigError
 
     with pytest.raises(ConfigError, match="kill_wait"):
-        SlurmPreemption(kill_wait=0)
+        StopOnSignal(kill_wait=0)
 
 
 # ---- two tasks ------------------------------------------------------------------------------------------------

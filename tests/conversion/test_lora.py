@@ -104,12 +104,12 @@ def test_the_options_come_as_a_recipe_a_mapping_or_keywords_and_an_unknown_one_i
     assert counts[0] == counts[1] == counts[2] == 2 * (2 * (32 + 32) + 2 * (32 + 16))
     model = switched(cm.llama, batch)
     refusals = [
-        (lambda: add_lora(model, dropuot=0.1), "add_lora: unknown option 'dropuot' (did you mean 'dropout'?); the "
-                                               "options are recipe, trainable, r, alpha, dropout, target"),
-        (lambda: add_lora(model, rank=4), "add_lora: unknown option 'rank'; the options are recipe, trainable, r, "),
-        (lambda: add_lora(model, {"r": 2, "alfa": 4.0}), "lora: unknown option 'alfa' (did you mean 'alpha'?); the "
-                                                         "options are r, alpha, dropout, target"),
-        (lambda: LoraRecipe(**{"targets": ["q"]}), "lora: unknown option 'targets' (did you mean 'target'?)"),
+        (lambda: add_lora(model, dropuot=0.1), "add_lora has no option 'dropuot' (did you mean 'dropout'?); its "
+                                               "options: recipe, trainable, r, alpha, dropout, target"),
+        (lambda: add_lora(model, rank=4), "add_lora has no option 'rank'; its options: recipe, trainable, r, "),
+        (lambda: add_lora(model, {"r": 2, "alfa": 4.0}), "lora has no option 'alfa' (did you mean 'alpha'?); its "
+                                                         "options: r, alpha, dropout, target"),
+        (lambda: LoraRecipe(**{"targets": ["q"]}), "lora has no option 'targets' (did you mean 'target'?)"),
         (lambda: add_lora(model, LoraRecipe(), r=4), "add_lora: the options are given twice, as recipe and as r"),
     ]
     for call, message in refusals:

@@ -14,7 +14,7 @@ from polyattn_lightning.attention import attention_modules, set_attention
 from polyattn_lightning.conversion import ConvertRecipe, attention_layers
 from polyattn_lightning.conversion.transfer import Student, TransferOptions, homogeneous_degree
 from polyattn_lightning.diagnostics.norms import probe_attention, select_layers
-from polyattn_lightning.errors import ConfigError
+from polyattn_lightning.errors import ConfigError, UnknownOptionError
 
 STEPS = 40
 
@@ -156,17 +156,17 @@ def test_a_channel_attention_whose_projections_play_other_roles_is_refused():
 def test_an_unknown_option_is_refused_in_one_line_naming_the_closest_and_all_before_any_change():
     model = cm.llama()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ConfigError) as refused:
+    with pytest.raises(UnknownOptionError) as refused:
         convert(model, "poly3", cm.token_samples(batches=1), "transfer", step=50)
     assert str(refused.value) == (
-        "convert: unknown option 'step' (did you mean 'steps'?); the options are method, qk, rank, lr, steps, "
-        "patience, min_delta, holdout, check_every, layers_per_pass, seed, bias"
+        "convert has no option 'step' (did you mean 'steps'?); its options: method, qk, rank, lr, steps, patience, "
+        "min_delta, holdout, check_every, layers_per_pass, seed, bias"
     )
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert attention_modules(model) == []  # not even switched
     # the task's recipe, built from a config's mapping, says the same of its own options
-    with pytest.raises(ConfigError, match=r"^convert: unknown option 'hold_out' \(did you mean 'holdout'\?\); the "
-                                          r"options are qk, .*, method, samples, batch_size$"):
+    with pytest.raises(UnknownOptionError, match=r"^convert has no option 'hold_out' \(did you mean 'holdout'\?\); "
+                                                  r"its options: qk, .*, method, samples, batch_size$"):
         ConvertRecipe(**{"method": "transfer", "hold_out": 0.2})
     with pytest.raises(ConfigError, match=r"convert.holdout is the fraction of the samples held out, in \[0, 1\), "
                                           r"got 1.5"):

@@ -275,3 +275,29 @@ def test_an_importable_mmcv_ext_takes_precedence(tmp_path):
         tmp_path,
     )
     assert out.strip() == "True False"
+
+
+def test_an_mmcv_that_calls_its_ops_otherwise_is_refused_in_one_line(monkeypatch):
+    """The stand-in answers the calls of the reviewed mmcv releases (mmcv_ops.MIRROR): an NMS op whose forward
+    changed is refused when the stand-in is installed, naming mmcv and what to do."""
+    from importlib.metadata import version
+
+    from mmcv.ops.nms import NMSop
+
+    from polyattn_lightning.detection.mmcv_ops import install
+    from polyattn_lightning.errors import ConfigError
+
+    reviewed = NMSop.forward
+
+    def forward(ctx, bboxes, scores, iou_threshold, offset, score_threshold, max_num):
+        return reviewed(ctx, bboxes, scores, iou_threshold, offset, score_threshold, max_num)
+
+    monkeypatch.setattr(NMSop, "forward", staticmethod(forward))
+    with pytest.raises(ConfigError) as refused:
+        install()
+    assert str(refused.value) == (
+        f"mmcv-lite {version('mmcv-lite')}'s mmcv._ext differs from the code polyattn_lightning was reviewed against: "
+        "pin a reviewed release (mmcv-lite==2.1.0; reviewed: 2.0.0, 2.1.0), or upgrade polyattn_lightning"
+    )
+    monkeypatch.undo()
+    assert install()

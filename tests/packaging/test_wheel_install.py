@@ -101,6 +101,7 @@ def test_installed_wheel_builds_and_runs_the_cpp_kernels(tmp_path):
     assert not missing, f"the wheel lacks kernel sources {missing}"
     assert "polyattn_lightning/configs/detection/model/mask_rcnn_xcit_s12_p16_fpn.yaml" in names  # bench detection's
     assert "polyattn_lightning/configs/classification/quickstart.yaml" in names  # bench diagnostics' default
+    assert "polyattn_lightning/attention/switch/reviewed.json" in names  # the switches' fingerprints
 
     # 2. a fresh venv that sees the test environment's dependencies but not its editable install
     env_dir = tmp_path / "venv"

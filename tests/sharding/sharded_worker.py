@@ -8,6 +8,7 @@ Rank 0 writes to OUT_DIR (``torch.save`` of plain values):
 * ``{decoder,vit}_{poly3,softmax}_{ddp,fsdp}.pt``: the whole weights after ``STEPS`` steps from the same initial
   state dict and what each rank held (parameters, gradients, optimizer states) (ViT runs: at step 2 rank 1's images are NaN and the NaN guard skips the step on both ranks; the
   sharded ViT poly3 run logs attention norms every 2 steps, which must leave its weights as DDP's).
+* ``export_{ddp,fsdp}/``: the decoder poly3 runs' ``save_pretrained`` exports (its embeddings are tied to its head).
 * ``decoder_ckpt/at2.ckpt/``: the sharded decoder poly3 run's checkpoint folder at step 2 (mid-epoch), and
   ``decoder_resumed.pt``: that run resumed from it on 2 ranks (bit for bit the uninterrupted one).
 * ``memory.pt``: the lines :class:`MemoryReport` said in the sharded decoder poly3 run.
@@ -34,7 +35,7 @@ from sharding_harness import STEPS, fit, meta_build, strategy, weights
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from training_helpers import cpu_trainer
 
-from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, SlurmPreemption
+from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, StopOnSignal
 from polyattn_lightning.distributed import distributed_teardown, gather_objects
 from polyattn_lightning.sharding.memory import held_bytes
 
@@ -55,6 +56,8 @@ def equivalence(init: Path, out: Path, rank: int) -> None:
                     callbacks.append(memory := MemoryReport(after_steps=2))
                     options["enable_checkpointing"] = True
                 trainer, model = fit(kind, attention, layout, 2, init / f"{kind}_init.pt", STEPS, callbacks, **options)
+                if (kind, attention) == ("decoder", "poly3"):
+                    model.export(out / f"export_{layout}")  # every rank joins the gather, rank 0 writes
                 held = gather_objects(held_bytes(model, trainer.optimizers))
                 result = {"weights": weights(model), "held": held}
                 if "logger" in options:
@@ -96,7 +99,7 @@ def preempted(out: Path, rank: int, where: str) -> dict | None:
         limit_val_batches=0,
         log_every_n_steps=1,
         logger=logger,
-        callbacks=[ExactResume(), SlurmPreemption(), record, *sender],
+        callbacks=[ExactResume(), StopOnSignal(), record, *sender],
     )
     try:
         trainer.fit(model, augmented_digits(batch_size=16))

@@ -3,10 +3,10 @@
 
 Asserted: the weights after 4 steps equal DDP's and one process's (1e-5, fp32) for the tiny Llama and the tiny ViT,
 poly3 and softmax, with the NaN guard skipping a step whose loss is NaN on one rank only (ViT) and attention norms
-probed every 2 steps on every rank (their forward leaves training as it was); a sharded checkpoint written mid-epoch
-resumes on 2 ranks bit for bit, sharded on 1 rank (DCP reshards) and, consolidated to one file, on one process
-within 1e-5; the decoder built on the
-meta device is the same on 2 ranks as on 1 and has its own init; a preempted sharded job (SIGUSR1 on one rank
+probed every 2 steps on every rank (their forward leaves training as it was); the tiny Llama's ``save_pretrained``
+export holds DDP's tensors (its tied head written once); a sharded checkpoint written mid-epoch resumes on 2 ranks bit
+for bit, sharded on 1 rank (DCP reshards) and, consolidated to one file, on one process within 1e-5; the decoder built
+on the meta device is the same on 2 ranks as on 1 and has its own init; a preempted sharded job (SIGUSR1 on one rank
 mid-step) requeues and continues bit for bit (weights, optimizer, lr schedule, every rank's RNG, batches, losses),
 as the DDP path does; the memory lines are said, and FSDP2's estimate is about half DDP's.
 """
@@ -97,6 +97,18 @@ def test_fsdp_trains_like_ddp_and_like_one_process(launch, tmp_path, kind, atten
     assert any(not torch.equal(fsdp[k], initial[k]) for k in initial)  # it trained
     assert_close_weights(fsdp, ddp)
     assert_close_weights(fsdp, single_process(kind, attention, init, tmp_path))
+
+
+def test_sharded_export_writes_what_save_pretrained_writes_under_ddp(launch):
+    """The tied head is written once, as plain transformers writes it, and the weights are DDP's."""
+    from safetensors.torch import load_file
+
+    _, out = launch
+    ddp, fsdp = (load_file(out / f"export_{layout}" / "model.safetensors") for layout in ("ddp", "fsdp"))
+    assert "lm_head.weight" not in ddp and "model.embed_tokens.weight" in ddp  # save_pretrained: tied weights once
+    assert sorted(fsdp) == sorted(ddp)
+    for name, value in ddp.items():
+        torch.testing.assert_close(fsdp[name], value, rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("kind", ["decoder", "vit"])

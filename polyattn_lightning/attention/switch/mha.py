@@ -33,6 +33,8 @@ from .base import AttentionInputs, SwitchedAttention, attention_map, register_ad
 class SwitchedMultiheadAttention(SwitchedAttention, nn.MultiheadAttention):
     """``nn.MultiheadAttention`` whose softmax is the registry activation (module docstring)."""
 
+    relies_on = ("F.multi_head_attention_forward",)  # the steps mirrored (torch.nn.modules.activation's F)
+
     def forward(
         self,
         query: Tensor,

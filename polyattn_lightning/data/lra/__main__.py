@@ -6,16 +6,16 @@ the other tasks' data come from their releases.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
+from ...errors import ArgumentParser
 from ..base import available_cpus
 from . import listops, snakes
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m polyattn_lightning.data.lra")
+    parser = ArgumentParser(prog="python -m polyattn_lightning.data.lra")
     commands = parser.add_subparsers(dest="command", required=True)
     listops_parser = commands.add_parser(
         "listops",

@@ -5,8 +5,9 @@ them (SigLIP: its encoders through the interface, its pooling head's ``nn.Multih
 
 * the interface (most models): the function of ``interface.py`` is registered under
   ``attn_implementation="polyattn"`` and the model gets ``model.set_attn_implementation("polyattn")``; it honours
-  the masks (``masks.py``: BEiT's, Doge's and Swin's carry a score bias) and the keyword arguments some families
-  pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's ``softcap``); a model
+  the masks (``masks.py``: BEiT's, Doge's, Swin's and ALiBi Falcon's carry a score bias) and the keyword
+  arguments some families pass (``extras.py``: T5's ``position_bias``, GPT-OSS's ``s_aux`` sinks, Gemma 2's
+  ``softcap``); a model
   without SDPA support gets HF's float eager masks instead of boolean ones (``interface.implementation_for``);
 * an adapter (``families/``: DeBERTa, MPNet, RoFormer, Megatron-BERT, RemBERT, TAPAS, VisualBERT,
   Data2Vec-Vision, Swin V2, GPT-Neo, Falcon, BLOOM; ``switch/mha.py``: PyTorch's ``nn.MultiheadAttention``)
@@ -26,7 +27,16 @@ are then given the project's :class:`~polyattn_lightning.attention.switch.base.S
 attention transfer) is :func:`polyattn_lightning.convert`'s (``polyattn_lightning/conversion/``).
 
 Saved models: :func:`set_attention` writes the spec into ``config.polyattn_attention``, so a
-``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back.
+``save_pretrained`` folder carries it; :func:`load_pretrained` loads such a folder and switches it back. A model
+switched to another activation than softmax also names :data:`IMPLEMENTATION` as its ``attn_implementation``
+(:func:`mark_config`): transformers accepts that name only where this package registered it, so loading the folder
+in a process without the project fails (``Specified attn_implementation="polyattn" is not supported``) instead of
+silently computing softmax with the trained weights, for the interface and the adapter families alike. Where the
+project is imported, a plain ``AutoModel.from_pretrained`` does not switch it: an interface family's first forward
+refuses (the attention function has no activation), GPT-Neo and Data2Vec-Vision do not build (their classes index
+a table by the implementation's name), the other adapter families compute softmax until ``set_attention``;
+:func:`load_pretrained` switches them all. (A folder that loads switched with ``trust_remote_code`` would register
+the name itself.)
 
 Generation: ``model.generate(ids, cache=RecurrentCache(model))`` keeps a fixed-size state per layer instead of keys
 and values once the context passes the crossover (``cache.py``).
@@ -49,6 +59,7 @@ from ....errors import ConfigError, MissingPathError
 from ...registry import ActivationSpec, get_activation
 from ..base import SwitchedAttention
 from ..recorder import SoftmaxCall, softmax_calls
+from ..reviewed import UnreviewedCode
 from . import interface
 from .cache import RecurrentCache
 from .families import adapter_for
@@ -60,6 +71,8 @@ interface.register()  # a switched model unpickled in a new process finds its at
 
 #: The config attribute that stores the activation spec (saved by ``save_pretrained``).
 CONFIG_KEY = "polyattn_attention"
+#: The config attribute transformers reads back as the implementation to load a saved model with (:func:`mark_config`).
+SAVED_IMPLEMENTATION_KEY = "attn_implementation"
 #: The activation of the probe forward: not softmax, so a softmax or SDPA call left in an attention layer shows.
 PROBE_ACTIVATION = "relu"
 
@@ -85,13 +98,14 @@ def set_attention(
 
     Raises :class:`ConfigError`, leaving the model as it was, when an attention layer is neither reached through
     transformers' ``AttentionInterface`` nor has an adapter, still computes softmax, has a configuration its
-    adapter refuses.
+    adapter refuses, or has code its adapter was not reviewed against in the installed transformers release
+    (:class:`~..reviewed.UnreviewedCode`, ``switch/reviewed.py``).
     """
     get_activation(activation)  # fail on a bad spec before changing anything
     if isinstance(activation, Mapping):
         activation = dict(activation)
     model_name = type(model).__name__
-    adapted = [(name, module, adapter) for name, module in model.named_modules() if (adapter := adapter_for(module))]
+    adapted = _adapted(model)
     refused = [f"{name} ({type(m).__name__}): {why}" for name, m, adapter in adapted if (why := _refusal(adapter, m))]
     if refused:
         raise ConfigError(f"{model_name} cannot be switched: {'; '.join(refused)}")
@@ -118,7 +132,22 @@ def set_attention(
             module.capture = None
         module.activation_spec = activation
     setattr(model.config, CONFIG_KEY, activation)
+    mark_config(model.config, activation)
     return len(found)
+
+
+def _adapted(model: PreTrainedModel) -> list[tuple[str, nn.Module, type[SwitchedAttention]]]:
+    """``(name, module, adapter)`` of the modules switched by an adapter; a module whose library code was not
+    reviewed refuses the model (one line naming the module)."""
+    adapted = []
+    for name, module in model.named_modules():
+        try:
+            adapter = adapter_for(module)
+        except UnreviewedCode as error:
+            raise UnreviewedCode(f"{type(model).__name__} cannot be switched: {name}: {error}") from None
+        if adapter is not None:
+            adapted.append((name, module, adapter))
+    return adapted
 
 
 def _refusal(adapter: type[SwitchedAttention], module: nn.Module) -> str | None:
@@ -266,17 +295,30 @@ def __getattr__(name: str) -> type[SwitchedAttention]:
 # --------------------------------------------------------------------------- saved models
 
 
+def mark_config(config, activation: ActivationSpec) -> None:
+    """Name :data:`IMPLEMENTATION` as the ``attn_implementation`` a ``save_pretrained`` folder of a model switched to
+    ``activation`` is loaded with, unless ``activation`` is softmax (such a folder loads anywhere, as the same
+    softmax). transformers pops the key when it reads the config back: the live config never keeps it."""
+    if get_activation(activation).is_softmax:
+        vars(config).pop(SAVED_IMPLEMENTATION_KEY, None)
+    else:
+        setattr(config, SAVED_IMPLEMENTATION_KEY, IMPLEMENTATION)
+
+
 def load_pretrained(folder: str | Path, auto_class: type | None = None, **kwargs: Any) -> PreTrainedModel:
     """Load a ``save_pretrained`` folder of a switched model (offline) and switch it back to its activation.
 
     ``auto_class``: e.g. ``AutoModelForSequenceClassification`` (default ``AutoModel``); ``kwargs`` go to
-    ``from_pretrained``. A folder saved without an activation loads as it is (softmax).
+    ``from_pretrained`` (``attn_implementation`` defaults to transformers' choice, not the saved
+    :data:`IMPLEMENTATION`: the switch sets the one the model needs). A folder saved without an activation loads as
+    it is (softmax).
     """
     from transformers import AutoModel
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise MissingPathError(f"{folder} is not a saved model folder: no config.json in it")
+    kwargs.setdefault("attn_implementation", None)
     model = (auto_class or AutoModel).from_pretrained(folder, local_files_only=True, **kwargs)
     spec = getattr(model.config, CONFIG_KEY, None)
     if spec is not None:
@@ -291,6 +333,7 @@ __all__ = [
     "RecurrentCache",
     "probe_inputs",
     "load_pretrained",
+    "mark_config",
     "polyattn_attention",
     "set_attention",
     "split_mask",

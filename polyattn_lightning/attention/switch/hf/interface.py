@@ -12,9 +12,9 @@ one process.
 
 What the function honours: HF's boolean masks ((B, 1, Q, KV), True = attend: padding, causal, sliding window,
 chunked; causal and padding masks become ``is_causal`` and ``key_padding_mask``), the float masks models build
-themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's and Swin's carry a
-bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``, else causal as
-HF's SDPA path assumes; only when more than one query row), grouped-query attention (the kv heads go to
+themselves, split into mask and score bias by how each model builds them (BEiT's, Doge's, Swin's and ALiBi
+Falcon's carry a bias: ``masks.py``), causality without a mask (``is_causal`` kwarg, else ``module.is_causal``,
+else causal as HF's SDPA path assumes; only when more than one query row), grouped-query attention (the kv heads go to
 ``attention()`` as they are: the linear ``power`` kernel builds one state per kv head, the others get them
 repeated; a capture, a softcap, a bias or sinks get them repeated here), ``scaling`` as the temperature,
 attention dropout (HF passes 0 in eval), the (B, L, H, D) output layout, and the keyword arguments some families
@@ -154,7 +154,7 @@ def polyattn_attention(
     if groups > 1 and (capture is not None or not plain):  # attention() takes grouped kv heads; these take q's
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if attention_mask is not None:
-        causal, masks = interface_masks(module, attention_mask)
+        causal, masks = interface_masks(module, attention_mask, softmax=get_activation(spec).is_softmax)
     if position_bias is not None:
         masks = with_position_bias(masks, position_bias)
     if sinks is not None:
@@ -250,7 +250,8 @@ def _spec_of(module: nn.Module) -> ActivationSpec:
     if spec is None:
         raise ConfigError(
             f"{type(module).__name__} attends through attn_implementation={IMPLEMENTATION!r} but was not switched by "
-            "polyattn_lightning's set_attention(model, activation); call it on the model"
+            "polyattn_lightning's set_attention(model, activation); call it on the model (a folder saved switched: "
+            "load it with polyattn_lightning.attention.switch.hf.load_pretrained)"
         )
     return spec
 

@@ -10,10 +10,17 @@ What reaches the interface function as ``attention_mask``:
 * a float mask that also carries a score bias, for the classes on :data:`MASK_BIASES` (read in transformers'
   sources: the models that add a bias into the mask before the interface call). Their split follows how
   the model builds the sum, never a threshold on its values: BEiT's mask *is* its relative-position bias,
-  Doge's its dynamic bias (plus ``finfo.min`` where a mask masks, found by equality:
-  :func:`~polyattn_lightning.attention.masks.split_sentinels`); Swin's is its relative-position bias plus the
-  0/-100 shift mask, so the bias is recomputed from the module's own table and subtracted, which leaves the
-  shift mask exactly (``(b + 0) - b == 0`` in floating point; ``(b - 100) - b`` is not 0).
+  Doge's its dynamic bias, Falcon's (ALiBi configs, transformers 5.25 on) ``alibi / sqrt(d)`` (plus ``finfo.min``
+  where a mask masks, found by equality: :func:`~polyattn_lightning.attention.masks.split_sentinels`); Swin's is
+  its relative-position bias plus the 0/-100 shift mask, so the bias is recomputed from the module's own table and
+  subtracted, which leaves the shift mask exactly (``(b + 0) - b == 0`` in floating point; ``(b - 100) - b`` is
+  not 0).
+
+ALiBi's bias is ``-slope_h * (i - j)`` for query ``i`` and key ``j``. Falcon and BLOOM pass ``slope_h * position_j``
+(the key's position among the real tokens), which equals it only up to ``slope_h * position_i``, a constant per row
+that softmax's shift invariance removes. Softmax takes HF's values as they are (its outputs are HF's); every other
+activation takes the relative form (:func:`relative_alibi`), since ``phi(S + c)`` is not ``phi(S)`` for an
+elementwise ``phi`` (the README says so). :data:`ABSOLUTE_ALIBI` names the interface classes whose mask carries it.
 """
 
 from __future__ import annotations
@@ -46,10 +53,20 @@ def split_mask(mask: Tensor) -> tuple[bool, dict[str, Tensor]]:
     return False, {"attn_mask": mask}
 
 
+def relative_alibi(bias: Tensor, num_queries: int) -> Tensor:
+    """``b_ij - b_i,(i + Nk - Nq)``: HF's ``slope * position_j`` made ``slope * (position_j - position_i)`` (query
+    ``i`` is key ``i + Nk - Nq``, as with a cache); ``bias`` ``(B, H, 1 or Nq, Nk)`` -> ``(B, H, Nq, Nk)``."""
+    batch, heads, _, num_keys = bias.shape
+    bias = bias.expand(batch, heads, num_queries, num_keys)
+    own = torch.arange(num_queries, device=bias.device) + (num_keys - num_queries)
+    return bias - bias.gather(-1, own.view(1, 1, -1, 1).expand(batch, heads, num_queries, 1))
+
+
 def _bias_and_sentinels(module: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
     """A score bias with ``finfo.min`` where masked: BEiT (and DiT, built from BEiT's classes) adds its
     relative-position bias to the padding mask (``BeitLayer.forward``, ``BeitModel.forward``); Doge fills its
-    dynamic mask (a learned bias per key, ``dt_states``) with ``finfo.min`` (``prepare_dynamic_mask``)."""
+    dynamic mask (a learned bias per key, ``dt_states``) with ``finfo.min`` (``prepare_dynamic_mask``); Falcon
+    with ALiBi fills ``alibi / sqrt(d)`` with it where the causal mask masks (``FalconModel.forward``)."""
     return split_sentinels(mask)
 
 
@@ -66,25 +83,33 @@ MASK_BIASES: dict[str, Callable[[nn.Module, Tensor], tuple[Tensor, Tensor]]] = {
     "transformers.models.beit.modeling_beit.BeitAttention": _bias_and_sentinels,
     "transformers.models.doge.modeling_doge.DogeAttention": _bias_and_sentinels,
     "transformers.models.swin.modeling_swin.SwinAttention": _swin,
+    "transformers.models.falcon.modeling_falcon.FalconAttention": _bias_and_sentinels,
 }
+#: The classes of :data:`MASK_BIASES` whose bias is HF's absolute ALiBi (module docstring): a non-softmax activation
+#: gets its relative form. Falcon's float mask carries a bias only in ALiBi configs (rotary ones pass bool masks).
+ABSOLUTE_ALIBI = frozenset({"transformers.models.falcon.modeling_falcon.FalconAttention"})
+
+
+def _qualified_names(module: nn.Module):
+    """``module.qualified.ClassName`` of ``module``'s class and its bases (a switched class names HF's)."""
+    return (f"{cls.__module__}.{cls.__qualname__}" for cls in type(module).__mro__)
 
 
 def mask_bias_of(module: nn.Module) -> Callable[[nn.Module, Tensor], tuple[Tensor, Tensor]] | None:
     """The split of ``module``'s float mask, for a class on :data:`MASK_BIASES` or a subclass (a switched one)."""
-    for cls in type(module).__mro__:
-        split = MASK_BIASES.get(f"{cls.__module__}.{cls.__qualname__}")
-        if split is not None:
-            return split
-    return None
+    return next((MASK_BIASES[name] for name in _qualified_names(module) if name in MASK_BIASES), None)
 
 
-def interface_masks(module: nn.Module, mask: Tensor) -> tuple[bool, dict[str, Tensor]]:
-    """What the interface function passes ``attention()`` for ``module``'s ``attention_mask``: ``(is_causal,
-    masks)``, ``masks`` holding ``attn_mask`` / ``key_padding_mask`` / ``attn_bias`` (module docstring)."""
+def interface_masks(module: nn.Module, mask: Tensor, softmax: bool = False) -> tuple[bool, dict[str, Tensor]]:
+    """What the interface function passes ``attention()`` for ``module``'s ``attention_mask`` when ``module``
+    attends with softmax or not: ``(is_causal, masks)``, ``masks`` holding ``attn_mask`` / ``key_padding_mask`` /
+    ``attn_bias`` (module docstring)."""
     split = mask_bias_of(module) if mask.is_floating_point() else None
     if split is None:
         return split_mask(mask)
     allowed, bias = split(module, mask)
+    if not softmax and not ABSOLUTE_ALIBI.isdisjoint(_qualified_names(module)):
+        bias = relative_alibi(bias, mask.shape[-2])
     if torch.compiler.is_compiling():
         return False, {"attn_mask": allowed, "attn_bias": bias}
     if bool(allowed.all()):
@@ -93,4 +118,4 @@ def interface_masks(module: nn.Module, mask: Tensor) -> tuple[bool, dict[str, Te
     return causal, {**masks, "attn_bias": bias}
 
 
-__all__ = ["MASK_BIASES", "interface_masks", "mask_bias_of", "split_mask"]
+__all__ = ["ABSOLUTE_ALIBI", "MASK_BIASES", "interface_masks", "mask_bias_of", "relative_alibi", "split_mask"]

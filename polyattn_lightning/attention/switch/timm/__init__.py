@@ -10,13 +10,16 @@ timm's outputs).
 Three kinds of switch (the README's support table, made by ``python -m polyattn_lightning.bench timm-support``,
 lists per timm model module what switches):
 
-* the generic one (``sdpa.py``): classes that run on SDPA, on a reviewed list (class, timm versions, mask
-  kinds); timm's forward runs with SDPA rebound in its globals, so RoPE, q/k norms, biases and layouts stay
-  timm's;
+* the generic one (``sdpa.py``): classes that run on SDPA, on a reviewed list (class, mask kinds); timm's
+  forward runs with SDPA rebound in its globals, so RoPE, q/k norms, biases and layouts stay timm's;
 * hand-written adapters (``families/``, one module per timm family), where timm's SDPA call or softmax needs
   more than that (Swin's 0/-100 shift mask added to its position bias, hand-computed softmax);
 * refusals (``tables.py``): attention that is not softmax over dot products of tokens is named and left
   alone; attention pooling heads stay softmax by decision and are named in a log line.
+
+Each switch of the first two kinds was reviewed against its timm class's code in given timm releases
+(``switch/reviewed.py``): a class whose installed code was not reviewed keeps softmax, named with its timm
+release and what to do (refused under ``strict``, like any attention that cannot be switched).
 
 A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward (one
 random image at the size the model was built for) under a ``TorchFunctionMode`` that records every softmax and
@@ -51,6 +54,7 @@ from ....errors import ConfigError
 from ...registry import ActivationSpec, get_activation
 from .. import mha  # noqa: F401  (registers torch's nn.MultiheadAttention switch, for any model holding one)
 from ..base import ADAPTERS, SwitchedAttention
+from ..reviewed import UnreviewedCode, adapter_route
 from . import families, sdpa  # noqa: F401  (register the hand-written and the generic adapters)
 from .probe import SoftmaxCall, image_probe, softmax_calls
 from .tables import Unswitched, class_name, probe_verdict, static_verdict
@@ -64,6 +68,18 @@ def _adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
     if isinstance(module, SwitchedAttention):
         return type(module)
     return ADAPTERS.get(type(module))
+
+
+def _unreviewed(module: nn.Module, adapter: type[SwitchedAttention]) -> str | None:
+    """Why ``module``'s library code is not the code its adapter was reviewed against (``switch/reviewed.py``), or
+    None (reviewed; a module switched before passed this already)."""
+    if isinstance(module, SwitchedAttention):
+        return None
+    try:
+        adapter_route(type(module), adapter)
+    except UnreviewedCode as error:
+        return str(error)
+    return None
 
 
 #: What probes a switched model: a non-softmax activation, so every softmax call left is outside a switch.
@@ -101,7 +117,9 @@ def switch_modules(model, activation, strict, probe) -> tuple[list[nn.Module], l
     found, unswitched = [], {}
     for name, module in model.named_modules():
         adapter = _adapter_for(module)
-        if adapter is not None:
+        if adapter is not None and (unreviewed := _unreviewed(module, adapter)) is not None:
+            unswitched[name] = Unswitched(name, type(module), unreviewed)
+        elif adapter is not None:
             found.append((module, adapter))
         elif (verdict := static_verdict(module)) is not None:
             unswitched[name] = Unswitched(name, type(module), *verdict)

@@ -19,10 +19,11 @@ it looks for one). ``is_causal`` is SDPA's, top-left (query ``i`` keeps keys ``0
 passes it), so the kernels skip the tiles above the diagonal, and becomes a lower-triangular bool mask
 otherwise. ``scale`` is the temperature (default ``d ** -0.5``).
 
-:data:`REVIEWED` is the list: the class, the timm versions its forward was read for, and the mask
-kinds it hands SDPA. A class is on it only if its SDPA call *is* its attention: a float mask that
-mixes a bias with a finite sentinel (Swin's ``-100``, which ``x^3`` would not zero) keeps a class
-off, as does any softmax outside the SDPA call.
+:data:`REVIEWED` is the list: the class and the mask kinds it hands SDPA. A class is on it only if its
+SDPA call *is* its attention: a float mask that mixes a bias with a finite sentinel (Swin's ``-100``, which
+``x^3`` would not zero) keeps a class off, as does any softmax outside the SDPA call. The timm releases each
+class's forward was read in are recorded as fingerprints of its code (``switch/reviewed.py``): a release that
+changes a forward is refused by the door.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import functools
 import types
 from dataclasses import dataclass
 
-import timm
 import timm.layers.attention as timm_attention
 import timm.layers.attention2d as timm_attention2d
 import timm.layers.diff_attention as timm_diff_attention
@@ -60,14 +60,9 @@ import timm.models.vision_transformer_sam as vision_transformer_sam
 import timm.models.volo as volo
 import timm.models.xcit as xcit
 import torch
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 from torch import Tensor, nn
 
 from ..base import ADAPTERS, SwitchedAttention
-
-#: timm releases the forwards below were read for.
-TIMM_REVIEWED = ">=1.0.31,<1.1"
 
 #: The kinds of ``attn_mask`` a class can hand SDPA: ``bool`` (True = attend), ``bias`` (a finite float
 #: score bias, e.g. a relative-position bias) and ``sentinel`` (``-inf`` or ``finfo.min``: masked keys).
@@ -80,7 +75,6 @@ class Reviewed:
 
     cls: type[nn.Module]
     masks: frozenset[str] = frozenset()  # empty: it never passes attn_mask (is_causal means SDPA's: no kinds)
-    versions: str = TIMM_REVIEWED
     note: str = ""
     map_layout: str = "tokens"  # SwitchedAttention.map_layout of its switch
 
@@ -90,9 +84,6 @@ class Reviewed:
     @property
     def name(self) -> str:
         return f"{self.cls.__module__}.{self.cls.__qualname__}"
-
-    def covers(self, version: str = timm.__version__) -> bool:
-        return Version(version) in SpecifierSet(self.versions)
 
 
 _ANY_MASK = frozenset({"bool", "bias", "sentinel"})  # masks a caller passes in (naflexvit's padding, a user's)
@@ -248,8 +239,9 @@ _STAND_INS = {
 
 def _rebuilt(fn: types.FunctionType) -> types.FunctionType:
     """``fn`` with every global bound to torch, torch.nn, torch.nn.functional or SDPA itself replaced by its
-    stand-in."""
-    globals_ = dict(fn.__globals__)
+    stand-in. The copy has no ``__name__``: torch 2.13's ``torch.compile`` takes globals that name a module for
+    that module's (and guarded the real SDPA), while unnamed globals are read as they are."""
+    globals_ = {name: value for name, value in fn.__globals__.items() if name != "__name__"}
     globals_.update({name: _STAND_INS[id(value)] for name, value in fn.__globals__.items() if id(value) in _STAND_INS})
     rebuilt = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
     rebuilt.__kwdefaults__ = fn.__kwdefaults__
@@ -291,6 +283,6 @@ def _generic_adapter(entry: Reviewed) -> type[SwitchedAttention]:
     return adapter
 
 
-#: timm class -> its generic switched subclass, for the classes this timm version was reviewed for.
-GENERIC = {entry.cls: _generic_adapter(entry) for entry in REVIEWED if entry.covers()}
+#: timm class -> its generic switched subclass.
+GENERIC = {entry.cls: _generic_adapter(entry) for entry in REVIEWED}
 ADAPTERS.update(GENERIC)

@@ -2,17 +2,22 @@
 
 Each is HF's eager code of that family (transformers 5.x), copied with its softmax replaced by :func:`phi`
 (``S^3 / sqrt(N)``, N = the keys a query may attend, masked pairs 0, fp64), with the family's own scale and
-position terms. Two kinds:
+position terms; they run in the model's dtype (a float64 copy of the model is a float64 reference). Two kinds:
 
 * :func:`attention_reference`, registered with transformers under :data:`REFERENCE` (``AttentionInterface``,
   boolean masks from ``sdpa_mask``): the generic eager function (``repeat_kv``, ``S = q k^T * scaling``), plus
   what some families add: T5's ``position_bias``, Gemma 2's ``softcap``, GPT-OSS's and Inkling 2's sinks (for
   poly3 the meaning the switch defines: a key with value 0, so N counts it), BEiT's and Doge's float masks (a
-  score bias, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
+  score bias, ``finfo.min`` where masked), Falcon's from transformers 5.25 on (``alibi / sqrt(d)``, taken in its
+  relative form for poly3, ``finfo.min`` where masked); a float mask of any other model masks where it is not 0. Models
   without SDPA support get HF's float eager masks (:data:`REFERENCE_EAGER_MASKS`), as HF runs them;
 * class swaps (:data:`SWAPS`): a subclass of the HF attention class whose ``forward`` is HF's eager forward
   with ``phi``, for the families outside the interface and for Swin (whose bias and shift mask are apart only
-  inside its forward). :func:`reference_twin` gives a copy of a model attending through these.
+  inside its forward), reading HF's own helpers (DeBERTa's c2p / p2c terms, RoFormer's rotation, the position
+  biases) and HF's eager masks as HF adds them (0 keeps; ``finfo.min`` or Swin V2's -100 masks); cross attention
+  where HF's has it, no cache (a reference runs over the whole sequence); and PyTorch's ``nn.MultiheadAttention``
+  written from ``F.multi_head_attention_forward``. :func:`reference_twin` gives a copy of a model attending
+  through these.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+import transformers
+from packaging.version import Version
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
@@ -75,6 +82,9 @@ def attention_reference(module, query, key, value, attention_mask, dropout=0.0, 
     elif isinstance(module, (BeitAttention, DogeAttention)):  # a bias as the mask: BEiT's position bias, Doge's
         keep = attention_mask > torch.finfo(attention_mask.dtype).min
         scores = scores + torch.where(keep, attention_mask.double(), 0.0)
+    elif isinstance(module, falcon.FalconAttention):  # transformers >= 5.25: alibi / sqrt(d), finfo.min where masked
+        keep = attention_mask > torch.finfo(attention_mask.dtype).min
+        scores = scores + relative_rows(torch.where(keep, attention_mask.double(), 0.0))
     else:
         keep = attention_mask == 0
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
@@ -92,13 +102,21 @@ def _heads(x, d):
     return x.view(*x.shape[:-1], -1, d).transpose(1, 2)
 
 
-def _merge(x):
-    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).float()
+def _merge(x, dtype=torch.float32):
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).to(dtype)
 
 
 def _kept(mask):
-    """An HF model's own mask: True where it lets a pair attend."""
+    """An HF model's own mask (or None, nothing masked): True where it lets a pair attend, as HF's eager code adds
+    it to the scores (0 keeps; ``finfo.min``, or Swin's -100, masks)."""
+    if mask is None:
+        return torch.ones(1, dtype=torch.bool)
     return mask == 0 if mask.is_floating_point() else mask.bool()
+
+
+def _context(scores, keep, value):
+    """``phi(S) v`` ``(B, H, L, d)`` merged to ``(B, L, H * d)`` in ``value``'s dtype (float64 in a float64 twin)."""
+    return _merge(phi(scores, keep) @ value.double(), value.dtype)
 
 
 class RefSwinAttention(swin.SwinAttention):
@@ -116,6 +134,8 @@ class RefSwinAttention(swin.SwinAttention):
 class RefDebertaAttention(deberta.DisentangledSelfAttention):
     def forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
                 rel_embeddings=None):
+        if query_states is not None:  # HF's own path transposes a (B, L, E) tensor with .t(): it runs for no model
+            raise NotImplementedError("DeBERTa's query_states")
         q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)
         q = q + self.transpose_for_scores(self.q_bias[None, None, :])
         v = v + self.transpose_for_scores(self.v_bias[None, None, :])
@@ -125,14 +145,14 @@ class RefDebertaAttention(deberta.DisentangledSelfAttention):
         if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
             scores = scores + self.disentangled_att_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings),
                                                          scale_factor)
-        return _merge(phi(scores, attention_mask.bool()) @ v.double()), None
+        return _context(scores, attention_mask.bool(), v), None
 
 
 class RefDebertaV2Attention(deberta_v2.DisentangledSelfAttention):
     def forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
                 rel_embeddings=None):
         h = self.num_attention_heads
-        q = self.transpose_for_scores(self.query_proj(hidden_states), h)
+        q = self.transpose_for_scores(self.query_proj(hidden_states if query_states is None else query_states), h)
         k = self.transpose_for_scores(self.key_proj(hidden_states), h)
         v = self.transpose_for_scores(self.value_proj(hidden_states), h)
         scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
@@ -142,8 +162,7 @@ class RefDebertaV2Attention(deberta_v2.DisentangledSelfAttention):
             scores = scores + self.disentangled_attention_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings),
                                                                scale_factor)
         scores = scores.view(-1, h, scores.size(-2), scores.size(-1))
-        out = phi(scores, attention_mask.bool()) @ v.view(-1, h, *v.shape[1:]).double()
-        return _merge(out), None
+        return _context(scores, attention_mask.bool(), v.view(-1, h, *v.shape[1:])), None
 
 
 class RefMPNetAttention(mpnet.MPNetSelfAttention):
@@ -153,49 +172,51 @@ class RefMPNetAttention(mpnet.MPNetSelfAttention):
         scores = q @ k.transpose(-1, -2) / math.sqrt(d)
         if position_bias is not None:
             scores = scores + position_bias
-        keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
-        return (self.o(_merge(phi(scores, keep) @ v.double())),)
+        return (self.o(_context(scores, _kept(attention_mask), v)),)
 
 
 class RefRoFormerAttention(roformer.RoFormerSelfAttention):
     def forward(self, hidden_states, attention_mask=None, sinusoidal_pos=None, encoder_hidden_states=None,
                 cache=None, output_attentions=False, **kwargs):
+        assert cache is None, "the reference runs without a cache"
         d = self.attention_head_size
-        q, k, v = (_heads(p(hidden_states), d) for p in (self.query, self.key, self.value))
-        if sinusoidal_pos is not None:
+        states = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        q, k, v = _heads(self.query(hidden_states), d), _heads(self.key(states), d), _heads(self.value(states), d)
+        if encoder_hidden_states is None and sinusoidal_pos is not None:  # rotary in self-attention only
             if self.rotary_value:
                 q, k, v = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v)
             else:
                 q, k = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-        keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
-        return _merge(phi(scores, keep) @ v.double()), None
+        return _context(q @ k.transpose(-1, -2) / math.sqrt(d), _kept(attention_mask), v), None
 
 
-def _bert_eager_context(module, hidden_states, attention_mask):
+def _bert_eager_context(module, hidden_states, attention_mask, encoder_hidden_states=None, cache=None):
+    """BERT's attention as these HF copies write it; cross attention takes k, v from the encoder's states (of
+    their own length: Megatron-BERT's and TAPAS's views assume the decoder's)."""
+    assert cache is None, "the reference runs without a cache"
     d = module.attention_head_size
-    q, k, v = (_heads(p(hidden_states), d) for p in (module.query, module.key, module.value))
-    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-    keep = torch.ones(1, dtype=torch.bool) if attention_mask is None else _kept(attention_mask)
-    return _merge(phi(scores, keep) @ v.double())
+    states = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+    q, k, v = _heads(module.query(hidden_states), d), _heads(module.key(states), d), _heads(module.value(states), d)
+    return _context(q @ k.transpose(-1, -2) / math.sqrt(d), _kept(attention_mask), v)
 
 
 class RefMegatronBertAttention(megatron.MegatronBertSelfAttention):
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
                 output_attentions=False, **kwargs):
-        return _bert_eager_context(self, hidden_states, attention_mask), None
+        return _bert_eager_context(self, hidden_states, attention_mask, encoder_hidden_states, cache), None
 
 
 class RefRemBertAttention(rembert.RemBertSelfAttention):
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
                 output_attentions=False, **kwargs):
-        return _bert_eager_context(self, hidden_states, attention_mask), None
+        return _bert_eager_context(self, hidden_states, attention_mask, encoder_hidden_states, cache), None
 
 
 class RefTapasAttention(tapas.TapasSelfAttention):
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None,
                 output_attentions=False, **kwargs):
-        return (_bert_eager_context(self, hidden_states, attention_mask),)
+        context = _bert_eager_context(self, hidden_states, attention_mask, encoder_hidden_states, cache)
+        return (context, cache) if self.is_decoder else (context,)
 
 
 class RefVisualBertAttention(visual_bert.VisualBertSelfAttention):
@@ -216,7 +237,7 @@ class RefData2VecVisionAttention(d2v.Data2VecVisionSelfAttention):
                                                           dim_size=hidden_states.shape[1])
         if relative_position_bias is not None:
             scores = scores + relative_position_bias
-        return (_merge(phi(scores, torch.ones(1, dtype=torch.bool)) @ v.double()),)
+        return (_context(scores, _kept(None), v),)
 
 
 class RefSwinv2Attention(swinv2.Swinv2SelfAttention):
@@ -229,12 +250,12 @@ class RefSwinv2Attention(swinv2.Swinv2SelfAttention):
         table = self.continuous_position_bias_mlp(self.relative_coords_table).view(-1, self.num_attention_heads)
         bias = table[self.relative_position_index.view(-1)].view(dim, dim, -1).permute(2, 0, 1)
         scores = scores + 16 * torch.sigmoid(bias).unsqueeze(0)
-        keep = torch.ones(1, dtype=torch.bool)
-        if attention_mask is not None:
+        keep = _kept(None)
+        if attention_mask is not None:  # (windows, N, N), 0 or -100 (added twice); row b * windows + w is window w
             windows = attention_mask.shape[0]
-            keep = (attention_mask == 0).unsqueeze(1).unsqueeze(0).expand(batch_size // windows, -1, -1, -1, -1)
+            keep = _kept(attention_mask).unsqueeze(1).unsqueeze(0).expand(batch_size // windows, -1, -1, -1, -1)
             keep = keep.reshape(-1, 1, dim, dim)
-        return (_merge(phi(scores, keep) @ v.double()),)
+        return (_context(scores, keep, v),)
 
 
 class RefGPTNeoAttention(gpt_neo.GPTNeoSelfAttention):
@@ -247,6 +268,13 @@ class RefGPTNeoAttention(gpt_neo.GPTNeoSelfAttention):
         return (phi(scores, keep) @ value.double()).to(value.dtype), None
 
 
+def relative_rows(bias):
+    """ALiBi in its relative form from a bias per row ``(B, H, Q, K)`` (HF's ``slope * position_j`` in every row):
+    each row minus its value at the query's own key, ``i + K - Q``."""
+    own = torch.diagonal(bias, offset=bias.shape[-1] - bias.shape[-2], dim1=-2, dim2=-1)
+    return bias - own[..., None]
+
+
 def relative(alibi, num_queries):
     """ALiBi in its relative form: ``slope * (position_j - position_i)`` from HF's ``slope * position_j``
     ``(B, H, 1, K)``: query i is key ``i + K - Q``."""
@@ -254,7 +282,14 @@ def relative(alibi, num_queries):
     return per_key[:, :, None, :] - per_key[:, :, -num_queries:, None]
 
 
+#: transformers 5.25 moved Falcon onto the AttentionInterface (its model adds ALiBi into the mask); 5.24's
+#: FalconAttention computes attention itself (and takes ``alibi``).
+FALCON_THROUGH_THE_INTERFACE = Version(transformers.__version__) >= Version("5.25")
+
+
 class RefFalconAttention(falcon.FalconAttention):
+    """transformers 5.24's FalconAttention (its SDPA path)."""
+
     def forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
                 output_attentions=False, position_embeddings=None, **kwargs):
         heads, d = self.num_heads, self.head_dim
@@ -277,24 +312,85 @@ class RefFalconAttention(falcon.FalconAttention):
 class RefBloomAttention(bloom.BloomAttention):
     def forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None, use_cache=False,
                 output_attentions=False, **kwargs):
+        assert layer_past is None, "the reference runs without a cache"
         batch, length, _ = hidden_states.shape
         q, k, v = self._reshape(self.query_key_value(hidden_states))
         scores = q @ k.transpose(-1, -2) * self.inv_norm_factor
-        scores = scores + relative(alibi.view(batch, self.num_heads, 1, -1), length)
-        out = phi(scores, _kept(attention_mask)) @ v.double()
-        return bloom.dropout_add(self.dense(_merge(out)), residual, self.hidden_dropout, self.training), None
+        scores = scores + self.beta * relative(alibi.view(batch, self.num_heads, 1, -1), length)
+        context = _context(scores, _kept(attention_mask), v)
+        if self.pretraining_tp > 1 and self.slow_but_exact:  # HF's slices of the output projection, without its bias
+            width = self.hidden_size // self.pretraining_tp
+            parts = [slice(i * width, (i + 1) * width) for i in range(self.pretraining_tp)]
+            output = sum(F.linear(context[..., part], self.dense.weight[:, part]) for part in parts)
+        else:
+            output = self.dense(context)
+        return bloom.dropout_add(output, residual, self.hidden_dropout, self.training), None
+
+
+def _added(mask, dtype):
+    """A mask as ``F.multi_head_attention_forward`` adds it to the scores, in ``dtype``: a bool one ``-inf`` where
+    True, a float one as it is, with ``finfo.min`` read as ``-inf`` (the meaning the project gives it)."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, -math.inf)
+    return mask.to(dtype).masked_fill(mask <= torch.finfo(mask.dtype).min, -math.inf)
 
 
 class RefMultiheadAttention(nn.MultiheadAttention):
-    """``F.multi_head_attention_forward``'s steps (packed projection, batch_first) with :func:`phi`."""
+    """``F.multi_head_attention_forward``'s steps (torch 2.x, in its layout: ``(L, B, E)``, heads in the batch axis)
+    with :func:`phi` where the softmax was: the packed or separate (``kdim``/``vdim``) projections, ``bias_k`` /
+    ``bias_v`` and the zero key of ``add_zero_attn`` appended, the masks added to the scores (``-inf`` entries
+    masked, the rest a score bias), ``batch_first`` or not, unbatched inputs, the weights as PyTorch returns them."""
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        w, b = self.in_proj_weight.chunk(3), self.in_proj_bias.chunk(3)
-        q, k, v = (_heads(F.linear(x, wi, bi), self.head_dim) for x, wi, bi in zip((query, key, value), w, b))
-        keep = torch.ones(1, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        out = phi(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim), keep) @ v.double()
-        return self.out_proj(_merge(out)), None
+        if is_causal and attn_mask is None:
+            raise RuntimeError("is_causal is a hint: attn_mask is needed")
+        batched = query.dim() == 3
+        if not batched:
+            query, key, value = (x.unsqueeze(1) for x in (query, key, value))
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+        elif self.batch_first:
+            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        tgt_len, bsz, embed_dim = query.shape
+        heads, head_dim, dtype = self.num_heads, self.head_dim, query.dtype
+        if self._qkv_same_embed_dim:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b_q, b_k, b_v = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
+        q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        mask = None if attn_mask is None else _added(attn_mask, dtype)
+        padding = None if key_padding_mask is None else _added(key_padding_mask, dtype)
+        if mask is not None:
+            mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
+        if self.bias_k is not None:
+            k, v = torch.cat([k, self.bias_k.repeat(1, bsz, 1)]), torch.cat([v, self.bias_v.repeat(1, bsz, 1)])
+            mask = None if mask is None else F.pad(mask, (0, 1))
+            padding = None if padding is None else F.pad(padding, (0, 1))
+        q = q.view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
+        k = k.view(k.shape[0], bsz * heads, head_dim).transpose(0, 1)
+        v = v.view(v.shape[0], bsz * heads, head_dim).transpose(0, 1)
+        if self.add_zero_attn:
+            k = torch.cat([k, torch.zeros(bsz * heads, 1, head_dim, dtype=k.dtype)], dim=1)
+            v = torch.cat([v, torch.zeros(bsz * heads, 1, head_dim, dtype=v.dtype)], dim=1)
+            mask = None if mask is None else F.pad(mask, (0, 1))
+            padding = None if padding is None else F.pad(padding, (0, 1))
+        src_len = k.size(1)
+        if padding is not None:
+            padding = padding.view(bsz, 1, 1, src_len).expand(-1, heads, -1, -1).reshape(bsz * heads, 1, src_len)
+            mask = padding if mask is None else mask + padding
+        scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)
+        keep = torch.ones(1, dtype=torch.bool) if mask is None else mask > -math.inf
+        if mask is not None:
+            scores = scores + torch.where(keep, mask, 0.0)
+        weights = phi(scores, keep).to(dtype)
+        out = (weights @ v).transpose(0, 1).contiguous().view(tgt_len * bsz, embed_dim)
+        out = self.out_proj(out).view(tgt_len, bsz, embed_dim)
+        weights = weights.view(bsz, heads, tgt_len, src_len)
+        weights = weights.mean(dim=1) if average_attn_weights else weights
+        if not batched:
+            return out.squeeze(1), weights.squeeze(0) if need_weights else None
+        return out.transpose(1, 0) if self.batch_first else out, weights if need_weights else None
 
 
 #: HF class -> its reference subclass, for the families the interface does not reach (and Swin).
@@ -312,7 +408,7 @@ SWAPS = {
     d2v.Data2VecVisionSelfAttention: RefData2VecVisionAttention,
     swinv2.Swinv2SelfAttention: RefSwinv2Attention,
     gpt_neo.GPTNeoSelfAttention: RefGPTNeoAttention,
-    falcon.FalconAttention: RefFalconAttention,
+    **({} if FALCON_THROUGH_THE_INTERFACE else {falcon.FalconAttention: RefFalconAttention}),
     bloom.BloomAttention: RefBloomAttention,
     nn.MultiheadAttention: RefMultiheadAttention,
 }

@@ -23,6 +23,11 @@ HF's). Adapted (transformers 5.x; module -- class -- score bias / mask / tempera
 :data:`FAMILY_MODULES` names, per HF class, the module holding its adapter; :func:`adapter_for` imports it only
 when a model holds that class, so switching a BERT imports none of these HF modeling modules. A module switched
 before is its own adapter (switching again changes its activation).
+
+Each adapter was reviewed against its HF class's code in given transformers releases (``switch/reviewed.py``,
+``reviewed.json``): :func:`adapter_for` refuses a class whose installed code was not reviewed, and hands a class
+that calls the ``AttentionInterface`` itself in the installed release (``FalconAttention`` from 5.25 on) to the
+interface. An adapter lists in ``relies_on`` the library code beyond its class's methods that it depends on.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torch import nn
 
 from ...base import SwitchedAttention
 from ...mha import SwitchedMultiheadAttention
+from ...reviewed import ADAPTER, adapter_route
 from ._common import HF_ADAPTERS, HFSwitched
 
 #: ``transformers`` attention class (``module.qualname``) -> the family module here that adapts it.
@@ -56,16 +62,21 @@ FAMILY_MODULES = {
 
 def adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
     """The adapter of ``module``'s class (itself when already switched); PyTorch's ``nn.MultiheadAttention``
-    included (``switch/mha.py``); None for any other class."""
+    included (``switch/mha.py``); None for any other class and for a class whose reviewed code in the installed
+    release calls the interface. Raises :class:`~..reviewed.UnreviewedCode` for code not reviewed."""
     if isinstance(module, (HFSwitched, SwitchedMultiheadAttention)):
         return type(module)
     cls = type(module)
     if cls is nn.MultiheadAttention:
+        adapter_route(cls, SwitchedMultiheadAttention)
         return SwitchedMultiheadAttention
     family = FAMILY_MODULES.get(f"{cls.__module__}.{cls.__qualname__}")
-    if family is not None and cls not in HF_ADAPTERS:
+    if family is None:
+        return None
+    if cls not in HF_ADAPTERS:
         importlib.import_module(f"{__name__}.{family}")
-    return HF_ADAPTERS.get(cls)
+    adapter = HF_ADAPTERS[cls]
+    return adapter if adapter_route(cls, adapter) == ADAPTER else None
 
 
 __all__ = ["FAMILY_MODULES", "HFSwitched", "adapter_for"]

@@ -1,16 +1,14 @@
 """Falcon (``falcon``) and BLOOM (``bloom``): ALiBi, or (Falcon) rotary embeddings; computed by hand in HF.
 
-ALiBi's bias is ``-slope_h * (i - j)`` for query ``i`` and key ``j``. HF passes ``slope_h * position_j`` (the
-key's position among the real tokens, ``cumsum`` of the padding mask), which equals it only up to
-``slope_h * position_i``, a constant per row that softmax's shift invariance removes. Softmax takes HF's values
-as they are (its outputs are HF's); every other activation takes the relative form (:func:`relative_alibi`:
-HF's values minus those at the query's own key), since ``phi(S + c)`` is not ``phi(S)`` for an elementwise
-``phi`` (the README says so).
+HF passes ALiBi as ``slope_h * position_j``: softmax takes it as it is, every other activation its relative form
+(``switch/hf/masks.py``: :func:`~..masks.relative_alibi`, and why).
 
-* Falcon (``FalconAttention``, its SDPA path, the default): with ALiBi the model adds ``alibi / sqrt(d)`` into
-  its float mask, ``finfo.min`` where masked (split by equality); rotary models get HF's ``apply_rotary_pos_emb``
-  and a boolean mask; multi-query keys are broadcast to every head; temperature ``1 / sqrt(d)``. HF's eager path
-  with ALiBi adds the bias twice (once itself, once in the mask); the switch follows the SDPA path.
+* Falcon (``FalconAttention``, transformers 5.24, where it computes attention itself; from 5.25 on it calls the
+  ``AttentionInterface`` and the ALiBi mask is a rule of ``masks.py``; ``switch/reviewed.json`` says which
+  release takes which route). Its SDPA path, the default: with ALiBi the model adds ``alibi / sqrt(d)`` into its
+  float mask, ``finfo.min`` where masked (split by equality); rotary models get HF's ``apply_rotary_pos_emb`` and
+  a boolean mask; multi-query keys are broadcast to every head; temperature ``1 / sqrt(d)``. HF's eager path with
+  ALiBi adds the bias twice (once itself, once in the mask); the switch follows the SDPA path.
 * BLOOM (``BloomAttention``): ``S = q k^T / sqrt(d) + alibi`` (``baddbmm``, ``beta = 1``) plus the model's
   mask; the tensor-parallel output slices (``pretraining_tp``) and the residual dropout as HF's forward has them.
 """
@@ -26,16 +24,8 @@ from transformers.models.bloom import modeling_bloom as bloom
 from transformers.models.falcon import modeling_falcon as falcon
 
 from ....masks import split_sentinels
+from ..masks import relative_alibi
 from ._common import HFSwitched, hf_adapter, merge_heads, own_mask
-
-
-def relative_alibi(bias: Tensor, num_queries: int) -> Tensor:
-    """``b_ij - b_i,(i + Nk - Nq)``: HF's ``slope * position_j`` made ``slope * (position_j - position_i)`` (query
-    ``i`` is key ``i + Nk - Nq``, as with a cache); ``bias`` ``(B, H, 1 or Nq, Nk)`` -> ``(B, H, Nq, Nk)``."""
-    batch, heads, _, num_keys = bias.shape
-    bias = bias.expand(batch, heads, num_queries, num_keys)
-    own = torch.arange(num_queries, device=bias.device) + (num_keys - num_queries)
-    return bias - bias.gather(-1, own.view(1, 1, -1, 1).expand(batch, heads, num_queries, 1))
 
 
 def _alibi_for(module: HFSwitched, bias: Tensor, num_queries: int) -> Tensor:
@@ -45,6 +35,8 @@ def _alibi_for(module: HFSwitched, bias: Tensor, num_queries: int) -> Tensor:
 @hf_adapter(falcon.FalconAttention)
 class FalconAttention(HFSwitched, falcon.FalconAttention):
     """``transformers.models.falcon.modeling_falcon.FalconAttention``."""
+
+    relies_on = ("apply_rotary_pos_emb", "build_alibi_tensor", "FalconDecoderLayer.forward", "FalconModel.forward")
 
     def forward(
         self,
@@ -89,6 +81,8 @@ class FalconAttention(HFSwitched, falcon.FalconAttention):
 @hf_adapter(bloom.BloomAttention)
 class BloomAttention(HFSwitched, bloom.BloomAttention):
     """``transformers.models.bloom.modeling_bloom.BloomAttention``."""
+
+    relies_on = ("dropout_add", "build_alibi_tensor", "BloomBlock.forward", "BloomModel.forward")
 
     def forward(
         self,

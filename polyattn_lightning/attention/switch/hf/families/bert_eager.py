@@ -47,15 +47,21 @@ class _BertEager(HFSwitched):
 class MegatronBertSelfAttention(_BertEager, megatron.MegatronBertSelfAttention):
     """``transformers.models.megatron_bert.modeling_megatron_bert.MegatronBertSelfAttention``."""
 
+    relies_on = ("MegatronBertAttention.forward",)
+
 
 @hf_adapter(rembert.RemBertSelfAttention)
 class RemBertSelfAttention(_BertEager, rembert.RemBertSelfAttention):
     """``transformers.models.rembert.modeling_rembert.RemBertSelfAttention``."""
 
+    relies_on = ("RemBertAttention.forward",)
+
 
 @hf_adapter(tapas.TapasSelfAttention)
 class TapasSelfAttention(_BertEager, tapas.TapasSelfAttention):
     """``transformers.models.tapas.modeling_tapas.TapasSelfAttention``."""
+
+    relies_on = ("TapasAttention.forward",)
 
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
         kwargs.pop("output_attentions", None)
@@ -67,6 +73,8 @@ class TapasSelfAttention(_BertEager, tapas.TapasSelfAttention):
 class VisualBertSelfAttention(_BertEager, visual_bert.VisualBertSelfAttention):
     """``transformers.models.visual_bert.modeling_visual_bert.VisualBertSelfAttention``; no cache, no cross
     attention (its layers' masks are the extended ``(B, 1, 1, N)`` ones)."""
+
+    relies_on = ("VisualBertAttention.forward",)
 
     def forward(self, hidden_states, attention_mask=None, output_attentions=False):
         return (self._bert_attention(hidden_states, attention_mask, None, None, {}),)

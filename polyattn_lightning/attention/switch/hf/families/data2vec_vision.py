@@ -41,7 +41,11 @@ class _Data2VecVisionSelfAttention(HFSwitched):
 class Data2VecVisionSelfAttention(_Data2VecVisionSelfAttention, d2v.Data2VecVisionSelfAttention):
     """``transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSelfAttention`` (eager)."""
 
+    relies_on = ("Data2VecVisionAttention.forward",)
+
 
 @hf_adapter(d2v.Data2VecVisionSdpaSelfAttention)
 class Data2VecVisionSdpaSelfAttention(_Data2VecVisionSelfAttention, d2v.Data2VecVisionSdpaSelfAttention):
     """``transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSdpaSelfAttention``."""
+
+    relies_on = ("Data2VecVisionAttention.forward",)

@@ -4,7 +4,9 @@ score bias.
 ``S = (q k^T + c2p + p2c) / sqrt(d * (1 + #position types))``: the content-to-position and position-to-content
 terms (HF's own ``disentangled_att_bias`` / ``disentangled_attention_bias``, fed the same q and k) are a score
 bias with its gradient into q, k and the relative embeddings; the scale is the temperature (v1 divides q by it
-before the bias is made, as HF does; v2 divides inside the bias helper). The mask is DeBERTa's 0/1 pair mask
+before the bias is made, as HF does; v2 divides inside the bias helper). The position types are counted as HF
+counts them: v1 every entry of ``pos_att_type``, v2 only ``c2p`` and ``p2c`` (a ``p2p`` entry or a repeated one
+changes v1's scale, not v2's). The mask is DeBERTa's 0/1 pair mask
 ``(B, 1, N, N)``, nonzero attends (float or integer: ``.bool()``, as HF reads it); a padded query attends
 nothing: its output is zero, HF's a uniform average, neither is read. DeBERTa v1's ``talking_head`` option
 (heads mixed before and after the softmax) is refused.
@@ -19,13 +21,11 @@ from transformers.models.deberta_v2 import modeling_deberta_v2 as v2
 from ._common import HFSwitched, hf_adapter, merge_heads, own_mask
 
 
-def _scale_factor(module) -> int:
-    return 1 + len(module.pos_att_type)
-
-
 @hf_adapter(v1.DisentangledSelfAttention)
 class DebertaSelfAttention(HFSwitched, v1.DisentangledSelfAttention):
     """``transformers.models.deberta.modeling_deberta.DisentangledSelfAttention``."""
+
+    relies_on = ("scaled_size_sqrt", "DebertaAttention.forward", "DebertaEncoder.forward")
 
     def refusal(self) -> str | None:
         if self.talking_head:
@@ -46,7 +46,7 @@ class DebertaSelfAttention(HFSwitched, v1.DisentangledSelfAttention):
             q = self.transpose_for_scores(self.in_proj(query_states)).chunk(3, dim=-1)[0]
         q = q + self.transpose_for_scores(self.q_bias[None, None, :])
         v = v + self.transpose_for_scores(self.v_bias[None, None, :])
-        scale_factor = _scale_factor(self)
+        scale_factor = 1 + len(self.pos_att_type)
         q = q / v1.scaled_size_sqrt(q, scale_factor).to(q.dtype)
         bias = None
         if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
@@ -64,6 +64,8 @@ class DebertaV2SelfAttention(HFSwitched, v2.DisentangledSelfAttention):
     """``transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention`` (heads in the batch
     axis, ``(B * H, N, d)``, as HF lays them out)."""
 
+    relies_on = ("scaled_size_sqrt", "DebertaV2Attention.forward", "DebertaV2Encoder.forward")
+
     def forward(
         self,
         hidden_states: Tensor,
@@ -79,7 +81,7 @@ class DebertaV2SelfAttention(HFSwitched, v2.DisentangledSelfAttention):
         q = self.transpose_for_scores(self.query_proj(query_states), heads)
         k = self.transpose_for_scores(self.key_proj(hidden_states), heads)
         v = self.transpose_for_scores(self.value_proj(hidden_states), heads)
-        scale_factor = _scale_factor(self)
+        scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
         bias = None
         if self.relative_attention:
             rel_embeddings = self.pos_dropout(rel_embeddings)

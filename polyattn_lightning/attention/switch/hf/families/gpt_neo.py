@@ -19,6 +19,8 @@ from ._common import HFSwitched, allowed_by, hf_adapter
 class GPTNeoSelfAttention(HFSwitched, gpt_neo.GPTNeoSelfAttention):
     """``transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention``."""
 
+    relies_on = ("GPTNeoSelfAttention.forward", "GPTNeoAttention.forward")
+
     def _attn(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None):
         num_queries, num_keys = query.shape[-2], key.shape[-2]
         allowed = self.bias[:, :, num_keys - num_queries : num_keys, :num_keys]

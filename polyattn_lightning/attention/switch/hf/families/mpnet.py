@@ -16,6 +16,8 @@ from ._common import HFSwitched, hf_adapter, merge_heads, own_mask, split_heads
 class MPNetSelfAttention(HFSwitched, mpnet.MPNetSelfAttention):
     """``transformers.models.mpnet.modeling_mpnet.MPNetSelfAttention``."""
 
+    relies_on = ("MPNetAttention.forward", "MPNetEncoder.forward", "MPNetEncoder.compute_position_bias")
+
     def forward(
         self,
         hidden_states: Tensor,

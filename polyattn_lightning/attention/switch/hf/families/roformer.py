@@ -17,6 +17,8 @@ from ._common import HFSwitched, cached_key_values, hf_adapter, merge_heads, own
 class RoFormerSelfAttention(HFSwitched, roformer.RoFormerSelfAttention):
     """``transformers.models.roformer.modeling_roformer.RoFormerSelfAttention``."""
 
+    relies_on = ("RoFormerAttention.forward", "RoFormerEncoder.forward")
+
     def forward(
         self,
         hidden_states: Tensor,

@@ -26,6 +26,8 @@ MAX_LOG_SCALE = math.log(1.0 / 0.01)
 class Swinv2SelfAttention(HFSwitched, swinv2.Swinv2SelfAttention):
     """``transformers.models.swinv2.modeling_swinv2.Swinv2SelfAttention``."""
 
+    relies_on = ("Swinv2Attention.forward", "Swinv2Layer.forward", "Swinv2Layer.get_attn_mask")
+
     map_layout = "shifted_windows"
 
     def forward(

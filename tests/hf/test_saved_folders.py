@@ -1,0 +1,117 @@
+"""A switched model's ``save_pretrained`` folder never loads as softmax without the project.
+
+Its config names the project's attention implementation (``attn_implementation: polyattn``): a fresh process that
+never imports the project gets transformers' refusal instead of a softmax model with weights trained for poly3, for
+families switched through the interface (BERT, Llama), by adapters (DeBERTa-v2, GPT-Neo) and both (SigLIP). A folder
+of a softmax model stays plain: it loads anywhere with HF's own outputs. ``load_pretrained`` loads every one switched,
+with the saved model's outputs; a plain ``from_pretrained`` in a process that imported the project does not compute
+softmax silently for an interface family (its first forward refuses).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from polyattn_lightning.attention.switch import attention_modules, set_attention
+from polyattn_lightning.attention.switch.hf import load_pretrained, probe_inputs
+from polyattn_lightning.bench.hf_support import build, family, model_class, run
+from polyattn_lightning.errors import ConfigError
+from polyattn_lightning.tasks import HFCausalLM
+
+FAMILIES = ["bert", "llama", "deberta-v2", "gpt-neo", "siglip"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """Per family: its folders switched to poly3 and to softmax, the probe inputs and each one's outputs."""
+    root = tmp_path_factory.mktemp("saved")
+    found = {}
+    for key in FAMILIES:
+        fam = family(key)
+        model = build(fam)
+        inputs = probe_inputs(model)
+        hf_softmax = run(model, inputs)
+        with torch.no_grad():
+            first_output = model(**inputs).to_tuple()[0]  # HF's own softmax model, as the fresh process reads it
+        softmax = build(fam)
+        set_attention(softmax, "softmax")
+        softmax.save_pretrained(root / key / "softmax")
+        set_attention(model, "poly3")
+        poly3 = run(model, inputs)
+        assert (poly3 - hf_softmax).abs().max() > 1e-2  # what a silent softmax load would get wrong
+        model.save_pretrained(root / key / "poly3")
+        torch.save({"inputs": inputs, "softmax": first_output}, root / key / "reference.pt")
+        found[key] = {"folder": root / key, "inputs": inputs, "poly3": poly3, "class": fam.model}
+    return found
+
+
+def test_a_fresh_process_without_the_project_refuses_poly3_and_loads_softmax(saved, tmp_path):
+    script = textwrap.dedent("""
+        import json, sys
+        import torch, transformers
+
+        report = {}
+        for key, (folder, name) in json.loads(sys.argv[1]).items():
+            cls = getattr(transformers, name)
+            try:
+                cls.from_pretrained(folder + "/poly3")
+                refused = None
+            except ValueError as error:
+                refused = str(error).splitlines()[0]
+            reference = torch.load(folder + "/reference.pt", weights_only=True)
+            model = cls.from_pretrained(folder + "/softmax").eval()
+            with torch.no_grad():
+                first = model(**reference["inputs"]).to_tuple()[0]
+            report[key] = {"refused": refused, "softmax_difference": (first - reference["softmax"]).abs().max().item()}
+        report["imported"] = sorted(name for name in sys.modules if name.startswith("polyattn"))
+        print(json.dumps(report))
+    """)
+    folders = {key: [str(entry["folder"]), entry["class"]] for key, entry in saved.items()}
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report.pop("imported") == []
+    for key, seen in report.items():
+        assert seen["refused"] is not None and 'attn_implementation="polyattn"` is not supported' in seen["refused"], (
+            key
+        )
+        assert seen["softmax_difference"] < 1e-4, key
+
+
+def test_load_pretrained_switches_every_family_back_with_the_saved_outputs(saved):
+    for key, entry in saved.items():
+        config = json.loads((entry["folder"] / "poly3" / "config.json").read_text())
+        assert (config["attn_implementation"], config["polyattn_attention"]) == ("polyattn", "poly3"), key
+        assert "attn_implementation" not in json.loads((entry["folder"] / "softmax" / "config.json").read_text())
+        loaded = load_pretrained(entry["folder"] / "poly3", model_class(family(key))).eval()
+        assert {m.activation_spec for _, m in attention_modules(loaded)} == {"poly3"}, key
+        torch.testing.assert_close(run(loaded, entry["inputs"]), entry["poly3"], rtol=0, atol=0, msg=key)
+
+
+def test_a_plain_from_pretrained_with_the_project_imported_refuses_to_attend_unswitched(saved):
+    for key in ("bert", "llama"):
+        plain = model_class(family(key)).from_pretrained(saved[key]["folder"] / "poly3").eval()
+        with pytest.raises(
+            ConfigError, match="was not switched by polyattn_lightning's set_attention.*load_pretrained"
+        ):
+            run(plain, saved[key]["inputs"])
+
+
+def test_switching_back_to_softmax_leaves_a_plain_folder_and_the_export_carries_the_mark(tmp_path):
+    model = build(family("bert"))
+    set_attention(model, "poly3")
+    set_attention(model, "softmax")
+    model.save_pretrained(tmp_path / "back")
+    assert "attn_implementation" not in json.loads((tmp_path / "back" / "config.json").read_text())
+    llama = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    for attention, mark in (("poly3", "polyattn"), ("softmax", None)):
+        folder = HFCausalLM(hf_config=llama, vocab_size=64, attention=attention).export(tmp_path / attention)
+        assert json.loads((folder / "config.json").read_text()).get("attn_implementation") == mark
