@@ -12,7 +12,8 @@ The methods (configs/README.md measures them on three pretrained models):
   by default) and a factor per head trained to give the softmax layer's output on its own inputs, then folded
   (:mod:`.folding`): no new parameter, the same state-dict keys. It trains on all but ``holdout`` of the samples
   (:mod:`.holdout`) and stops when the layer error of those it does not train on stops falling, keeping the
-  weights where it was lowest; the report gives both errors.
+  weights where it was lowest; the report gives both errors, and it warns when the samples are too few or too
+  alike to judge it on, or to train it on.
 
 Fine-tuning after the conversion, in full or with LoRA adapters (:mod:`.lora`, peft), is the tasks' (their
 ``convert`` and ``lora`` options, ``tasks/base.py``).
@@ -34,10 +35,10 @@ from ..checkpoint import checkpoint_safe
 from ..errors import ConfigError, check_options, options_checked
 from .calibrate import calibrate
 from .folding import Edits, Projections, find_projections, fold, library_class
-from .holdout import judgement, rows, split
+from .holdout import gap, judgement, rows, split
 from .report import ConversionReport
 from .teacher import Batch, Layer, layer_errors, quiet, record
-from .transfer import Student, TransferOptions
+from .transfer import Progress, Student, TransferOptions
 
 #: The conversion methods, cheapest first.
 METHODS = ("none", "calibrate", "transfer")
@@ -82,7 +83,8 @@ def convert(
     ``patience``, ``min_delta``, ``holdout``, ``check_every``, ``layers_per_pass``, ``seed``, ``bias``); an
     unknown one is refused in one line naming them all. A transfer trains on all but ``holdout`` of the samples and
     stops on the others' layer error; it warns (and the report keeps the warning) when they are too few or too
-    like the training ones to judge it, or when it reached ``steps`` still improving. Refusals
+    like the training ones to judge it, when it reached ``steps`` still improving, and when the converted layers
+    fit the samples they trained on far better than the held-out ones (too few samples for what it trains). Refusals
     (:class:`ConfigError`: a module whose projections a method cannot edit, a temperature that cannot fold) come
     before any weight changes.
     """
@@ -100,28 +102,37 @@ def convert(
     count = sum(rows(batch) for batch in samples)
     set_attention(model, spec, probe=_probe(model, samples[0]))
     layers, projections = attention_layers(model, samples[0], need_projections=method != "none")
-    report: dict[str, Any] = dict(transfer={}, warnings=[])
+    report: dict[str, Any] = {"transfer": {}, "warnings": []}
     held_out: list[Batch] = []
+    judged: list[str] = []  # why the held-out part cannot judge the transfer (none: it can)
+    progress = Progress(len(layers), transfer_options)
     if method == "transfer":
         samples, held_out = split(samples, transfer_options.holdout)
-        report["warnings"] = judgement(samples, held_out, transfer_options.holdout)
-        for warning in report["warnings"]:
+        judged = judgement(samples, held_out, transfer_options.holdout)
+        report["warnings"] = list(judged)
+        for warning in judged:
             rank_zero_warn(warning)
+        kept = sum(rows(batch) for batch in held_out)
+        judge = f"stopping on the layer error of {kept} held out" if kept else "none held out"
+        progress.say(
+            f"convert transfer: {len(layers)} layers on {count - kept} samples, {judge}, checked every "
+            f"{transfer_options.check_every} steps, at most {transfer_options.steps} steps"
+        )
+    elif method == "calibrate":
+        rank_zero_info(
+            f"convert calibrate: {len(layers)} layers on {count} samples, a temperature per head from a grid"
+        )
     before = layer_errors(model, layers, samples, None)
     edits = Edits()
     if method == "calibrate":
         report["temperatures"] = [t.tolist() for t in calibrate(model, layers, projections, spec, samples, edits)]
     elif method == "transfer":
+        progress.phase("the closed-form start of each head's factor")
         student = Student(model, layers, projections, spec, transfer_options, samples)
         edits = student.edits
+        progress.phase("the layer errors at that start")
         report["error_start"] = layer_errors(model, layers, samples, edits.set_enabled)
-        kept = sum(rows(batch) for batch in held_out)
-        judge = f"stopping on the layer error of {kept} held out" if kept else "none held out"
-        rank_zero_info(
-            f"convert transfer: {len(layers)} layers on {count - kept} samples, {judge}, checked every "
-            f"{transfer_options.check_every} steps, at most {transfer_options.steps} steps"
-        )
-        result = student.fit(samples, held_out)
+        result = student.fit(samples, held_out, progress)
         report.update(gains=result.gains, temperatures=result.temperatures)
         report["transfer"] = {
             **{k: v for k, v in asdict(result).items() if k not in ("gains", "temperatures")},
@@ -134,10 +145,17 @@ def convert(
                 f"{'held-out error' if held_out else 'training loss'} still falling; give more steps"
             )
             rank_zero_warn(report["warnings"][-1])
+        progress.phase(
+            f"the converted layers' errors on the {'training and held-out' if held_out else 'training'} samples"
+        )
     # against the teacher's own weights (the edits off): folded, the softmax model is no longer the teacher
     after = layer_errors(model, layers, samples, edits.set_enabled) if edits.edits else before
     if held_out:
         report["error_held_out"] = layer_errors(model, layers, held_out, edits.set_enabled)
+        if not judged:  # a held-out part that cannot judge cannot say this either
+            for warning in gap(after, report["error_held_out"]):
+                report["warnings"].append(warning)
+                rank_zero_warn(warning)
     fold(edits)
     return ConversionReport(
         method=method,

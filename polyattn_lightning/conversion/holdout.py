@@ -9,12 +9,15 @@ parts as they are.
 :func:`judgement` says in words when the held-out part cannot judge what the transfer does on samples it has not
 seen: too few held-out samples (fewer than :data:`MIN_HELD_OUT`), or held-out samples that repeat training ones
 (the same tokens, or inputs within :data:`DUPLICATE_DISTANCE` of one another, relatively), so that their error
-is the training error again.
+is the training error again. :func:`gap` says, once the transfer has trained, when its training samples were too
+few or too alike for what it trains: the converted layers' median error on the held-out samples is more than
+:data:`GAP` times that on the samples they trained on, so what they learnt holds on those samples, not beyond.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -29,6 +32,8 @@ MIN_HELD_OUT = 8
 DUPLICATE_DISTANCE = 1e-3
 #: Above this fraction of held-out samples repeating training ones, the held-out error is the training error again.
 DUPLICATE_FRACTION = 0.25
+#: Above this ratio of the held-out to the training layer error (medians over the layers), too few samples trained.
+GAP = 2.0
 
 
 def rows(batch: Batch) -> int:
@@ -127,4 +132,27 @@ def judgement(train: Sequence[Batch], held_out: Sequence[Batch], holdout: float)
     return []
 
 
-__all__ = ["DUPLICATE_DISTANCE", "DUPLICATE_FRACTION", "MIN_HELD_OUT", "judgement", "repeated", "rows", "split"]
+def gap(trained: Sequence[float], held_out: Sequence[float]) -> list[str]:
+    """The warning when the layers' errors on the held-out samples (``held_out``, one per layer) are, in their
+    median, more than :data:`GAP` times those on the samples they trained on (``trained``); none when not."""
+    on_train, on_held_out = statistics.median(trained), statistics.median(held_out)
+    if not on_held_out > GAP * on_train:
+        return []
+    return [
+        f"convert: the converted layers' median error is {on_held_out:.3g} on the held-out samples, "
+        f"{on_held_out / on_train:.1f} times the {on_train:.3g} on those they trained on: too few or too alike samples "
+        f"for what the transfer trains (it fits them, not inputs it has not seen); give more, and more varied, samples"
+    ]
+
+
+__all__ = [
+    "DUPLICATE_DISTANCE",
+    "DUPLICATE_FRACTION",
+    "GAP",
+    "MIN_HELD_OUT",
+    "gap",
+    "judgement",
+    "repeated",
+    "rows",
+    "split",
+]

@@ -22,7 +22,8 @@ in a row, and the weights it keeps are those of the check with the lowest held-o
 is the first check, so a transfer that only fits its training samples better ends where it started). ``steps``
 (Adam steps at ``lr``, one batch each, passes over the training part repeated) is only a bound, a warning when
 reached with the held-out error still falling. With ``holdout`` 0 the same rule runs on the mean training loss
-since the previous check. A line every ``PROGRESS_SECONDS`` logs the layers, step and both errors.
+since the previous check. A line about every ``PROGRESS_SECONDS`` logs what it does: the layers, step and both
+errors while it trains, the pass over the samples before and after.
 
 Memory is one batch of recorded layer inputs, and ``layers_per_pass`` bounds the layers trained (and recorded)
 at once for big models: each chunk stops, and keeps its best weights, on its own layers' held-out error. At the
@@ -174,22 +175,36 @@ class EarlyStop:
 
 
 class Progress:
-    """A running transfer's lines (``rank_zero_info``: the terminal and the log): one at most every
-    :data:`PROGRESS_SECONDS` while a chunk of layers trains, with its last check's errors (the mean over its
-    layers), and one when it stops."""
+    """A running transfer's lines (``rank_zero_info``: the terminal and the log), so that no wait of more than about
+    :data:`PROGRESS_SECONDS` goes unsaid: :meth:`say` one unconditionally; :meth:`phase` names a pass over the
+    samples (the measures before and after the training, the closed-form start) when the last line is that old;
+    :meth:`step`, as often while a chunk of layers trains, its step and its last check's errors (the mean over its
+    layers); :meth:`chunk_done` when it stops."""
 
     def __init__(self, layers: int, options: TransferOptions):
         self.layers, self.options = layers, options
         self.last = time.perf_counter()
 
-    def _layers(self, chunk: Sequence[int]) -> str:
-        named = f"layer {chunk[0] + 1}" if len(chunk) == 1 else f"layers {chunk[0] + 1}-{chunk[-1] + 1}"
-        return f"{named} of {self.layers}"
+    def say(self, line: str) -> None:
+        rank_zero_info(line)
+        self.last = time.perf_counter()
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last >= PROGRESS_SECONDS
+
+    def phase(self, what: str) -> None:
+        if self.due():
+            self.say(f"convert transfer: {what}")
+
+    def named(self, chunk: Sequence[int]) -> str:
+        """``layers 1-6 of 6``: the chunk of layers training."""
+        which = f"layer {chunk[0] + 1}" if len(chunk) == 1 else f"layers {chunk[0] + 1}-{chunk[-1] + 1}"
+        return f"{which} of {self.layers}"
 
     def step(self, chunk: Sequence[int], step: int, curve: Sequence[list], stop: EarlyStop) -> None:
-        if time.perf_counter() - self.last < PROGRESS_SECONDS:
+        if not self.due():
             return
-        line = f"convert transfer: {self._layers(chunk)}, step {step} (at most {self.options.steps})"
+        line = f"convert transfer: {self.named(chunk)}, step {step} (at most {self.options.steps})"
         _, checked, training, held_out = curve[-1] if curve and curve[-1][0] == chunk[0] else (0, 0, None, None)
         if training is not None:
             line += f"; at step {checked}: training error {training / len(chunk):.4g}"
@@ -197,8 +212,7 @@ class Progress:
             line += (
                 f", held-out {held_out / len(chunk):.4g} (lowest {stop.lowest / len(chunk):.4g}, step {stop.best_step})"
             )
-        rank_zero_info(line)
-        self.last = time.perf_counter()
+        self.say(line)
 
     def chunk_done(self, chunk: Sequence[int], step: int, stop: EarlyStop, held_out: bool) -> None:
         measured = "held-out error" if held_out else "training loss"
@@ -207,11 +221,10 @@ class Progress:
             if stop.done
             else "the step cap, still improving"
         )
-        rank_zero_info(
-            f"convert transfer: {self._layers(chunk)} stopped at step {step} ({why}); kept the weights of step "
+        self.say(
+            f"convert transfer: {self.named(chunk)} stopped at step {step} ({why}); kept the weights of step "
             f"{stop.best_step}, {measured} {stop.lowest / len(chunk):.4g} per layer"
         )
-        self.last = time.perf_counter()
 
 
 class Student:
@@ -319,13 +332,16 @@ class Student:
         """The sum over ``layers`` (indices) of their relative errors over all of ``samples``."""
         return sum(layer_errors(self.model, [self.layers[i] for i in layers], samples, self.edits.set_enabled))
 
-    def fit(self, train: Sequence[Batch], held_out: Sequence[Batch] = ()) -> TransferResult:
+    def fit(
+        self, train: Sequence[Batch], held_out: Sequence[Batch] = (), progress: Progress | None = None
+    ) -> TransferResult:
         """Train on ``train`` until the error on ``held_out`` (none: the training loss) stops falling, or
-        ``options.steps``, a chunk of ``layers_per_pass`` layers at a time; each chunk keeps its best weights."""
+        ``options.steps``, a chunk of ``layers_per_pass`` layers at a time; each chunk keeps its best weights.
+        ``progress``: the conversion's lines (None: this call's own)."""
         options, begin = self.options, time.perf_counter()
         per_pass = options.layers_per_pass or len(self.layers)
         trainable = sum(p.numel() for p in self.edits.parameters() if p.requires_grad)
-        progress = Progress(len(self.layers), options)
+        progress = progress or Progress(len(self.layers), options)
         steps, capped, kept_steps, curve = 0, False, [], []
         with quiet(self.model, train=self.edits.parameters()):
             for first in range(0, len(self.layers), per_pass):
@@ -334,6 +350,7 @@ class Student:
                 optimizer = torch.optim.Adam(params, lr=options.lr)
                 stop = EarlyStop(params, options)
                 if held_out:  # the closed-form start is the first candidate
+                    progress.phase(f"{progress.named(chunk)}: the held-out error at the start")
                     stop.update(0, self.error(chunk, held_out))
                     curve.append([first, 0, None, stop.lowest])
                 chunk_steps, losses = 0, []
@@ -346,6 +363,7 @@ class Student:
                         losses.append(float(loss.detach()))
                         chunk_steps += 1
                         if chunk_steps % options.check_every == 0 or chunk_steps == options.steps:
+                            progress.step(chunk, chunk_steps, curve, stop)  # a line due goes before the check's pass
                             training, losses = sum(losses) / len(losses), []
                             error = self.error(chunk, held_out) if held_out else None
                             stop.update(chunk_steps, training if error is None else error)
