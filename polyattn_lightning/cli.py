@@ -12,6 +12,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, get_args
 
 import torch
 import yaml
@@ -66,6 +67,30 @@ def default_precision() -> str:
     if not torch.cuda.is_available():
         return "32-true"
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+#: The Trainer's options where an int and a float mean different things: an int counts batches, a float is a
+#: fraction of them (``limit_train_batches: 1`` is one batch, ``1.0`` the whole epoch).
+BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
+
+
+def batch_limits_read_as_counts(trainer_class: type) -> None:
+    """Make the CLI read ``--trainer.limit_train_batches 1`` as one batch, as Lightning's signature says, in every
+    environment.
+
+    Lightning annotates the :data:`BATCH_LIMITS` ``Optional[Union[int, float]]``, but Python's typing cache hands
+    back an equal union made earlier, whatever its order, and ``lightning.fabric`` makes
+    ``Optional[Union[float, int]]`` as it is imported. Unless an earlier import made the int-first union
+    (torchvision's transforms do, and torchmetrics 1.9, which Lightning imports first, imports them; 1.4 does not),
+    the Trainer's annotations list float first; jsonargparse tries a union's types in order, and reads ``1`` as
+    ``1.0``: the whole epoch instead of one batch. Such an annotation is put back in the signature's order as
+    ``int | float | None`` (a ``types.UnionType``, which typing does not cache)."""
+    for cls in getattr(trainer_class, "__mro__", ()):  # a class (LightningCLI also takes a function)
+        init = cls.__dict__.get("__init__")
+        annotations = getattr(inspect.unwrap(init), "__annotations__", {}) if init else {}
+        for name in BATCH_LIMITS:
+            if get_args(annotations.get(name)) == (float, int, type(None)):
+                annotations[name] = int | float | None
 
 
 class KeepingSaveConfigCallback(SaveConfigCallback):
@@ -467,6 +492,10 @@ def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str]
 
 
 class PolyattnCLI(LightningCLI):
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        batch_limits_read_as_counts(self.trainer_class)  # before the parser reads the Trainer's signature
+        return super().init_parser(**kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
         ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and
