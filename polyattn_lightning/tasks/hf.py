@@ -335,10 +335,10 @@ class HFSequenceClassification(HFTask):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         return loss
 
-    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str | None) -> None:
         logits_evaluation(self, self(batch), batch["labels"], stage)
 
-    def predict_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: Mapping[str, Tensor]) -> Tensor:
         """Class probabilities (the class names are ``hparams.classes``)."""
         return self(batch).softmax(-1)
 
@@ -397,9 +397,11 @@ class HFCausalLM(HFTask):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(ids))
         return loss
 
-    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str | None) -> None:
         ids = batch["input_ids"]
         logits, targets = self(batch)[:, :-1].float(), ids[:, 1:]
+        if stage is None:  # a padding batch: its forward only
+            return
         self.log(
             f"{stage}/loss",
             torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from polyattn_lightning.data.resumable import ResumableDataLoader, eval_loader, eval_sampler
+from polyattn_lightning.data.evaluation import eval_loader, eval_sampler
+from polyattn_lightning.data.resumable import ResumableDataLoader
 
 
 class CountingDataset(Dataset):
@@ -87,7 +88,7 @@ def test_one_process_sees_the_global_batches_of_two_ranks(monkeypatch):
 
 def test_eval_sampler_splits_an_odd_set_across_ranks_without_repeats():
     dataset = CountingDataset(181)
-    shares = [list(eval_sampler(dataset, SimpleNamespace(world_size=2, global_rank=r))) for r in range(2)]
+    shares = [list(eval_sampler(dataset, SimpleNamespace(world_size=2, global_rank=r, strategy=None))) for r in range(2)]
     assert [len(s) for s in shares] == [91, 90]
     assert sorted(shares[0] + shares[1]) == list(range(181))
     assert eval_sampler(dataset, SimpleNamespace(world_size=1, global_rank=0)) is None
