@@ -49,7 +49,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.data import default_collate
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 
 from ..attention import ActivationSpec, get_activation
 from ..attention.switch import set_attention
@@ -278,9 +278,21 @@ class TaskModule(pl.LightningModule):
         return self.model
 
     def set_metrics(self, metrics: MetricCollection) -> None:
-        """One copy of ``metrics`` per evaluation stage: ``val_metrics`` (``val/...``) and ``test_metrics``."""
+        """One copy of ``metrics`` per evaluation stage: ``val_metrics`` (``val/...``) and ``test_metrics``; and the
+        stages' mean losses (:meth:`log_loss`)."""
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+        # a NaN loss stays NaN in the mean (torchmetrics would leave it out, with a warning)
+        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
+
+    def log_loss(self, stage: str, loss: Tensor, weight: int) -> None:
+        """Log ``<stage>/loss``: the mean of ``loss`` (one batch's mean over ``weight`` samples or tokens) over the
+        whole split and every rank, exactly. torchmetrics' ``MeanMetric`` sums the weighted losses and the weights
+        across ranks; Lightning's ``sync_dist`` mean divides the summed weights by the world size in integers,
+        rounding down, which weighs the loss wrongly whenever the ranks' counts add up to no multiple of it."""
+        metric = self.val_loss if stage == "val" else self.test_loss
+        metric.update(loss, weight)
+        self.log(f"{stage}/loss", metric, on_step=False, on_epoch=True)
 
     # ---- the data against the model ----------------------------------------------------------------
 
@@ -452,7 +464,7 @@ def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage:
     with ``stage`` None: a padding batch)."""
     if stage is None:
         return
-    module.log(f"{stage}/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True, batch_size=len(labels))
+    module.log_loss(stage, nn.functional.cross_entropy(logits, labels), len(labels))
     metrics = module.stage_metrics(stage)
     metrics.update(logits, labels)
     # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end

@@ -402,12 +402,7 @@ class HFCausalLM(HFTask):
         logits, targets = self(batch)[:, :-1].float(), ids[:, 1:]
         if stage is None:  # a padding batch: its forward only
             return
-        self.log(
-            f"{stage}/loss",
-            torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),
-            sync_dist=True,
-            batch_size=targets.numel(),
-        )
+        self.log_loss(stage, torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets), targets.numel())
         metrics = self.stage_metrics(stage)
         metrics.update(logits, targets)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
