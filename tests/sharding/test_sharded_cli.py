@@ -1,12 +1,14 @@
 """The sharded strategy through the CLI on one rank: ``--trainer configs/<family>/trainer/fsdp.yaml`` merged into a
 config's trainer settings, the model built on the meta device, checkpoint folders, ``--ckpt_path`` taking a folder,
 ``polyattn consolidate`` to one file (which resumes without sharding) and to a ``save_pretrained`` folder (which
-plain transformers loads, and ``load_pretrained`` runs with the trained activation), and the one-line errors."""
+plain transformers loads, and ``load_pretrained`` runs with the trained activation), neither over an existing one,
+and the one-line errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from polyattn_lightning import cli
 from polyattn_lightning.attention.switch.hf import load_pretrained
 from polyattn_lightning.callbacks import MemoryReport
 from polyattn_lightning.commands import consolidate
+from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
 from polyattn_lightning.tasks import HFCausalLM
 
@@ -77,6 +80,8 @@ def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypa
 
     whole = tmp_path / "last_full.ckpt"
     consolidate.main([str(last), "--out", str(whole)])
+    with pytest.raises(ConfigError, match=f"^--out {re.escape(str(whole))} exists; give a new file name, or move that one away$"):
+        consolidate.main([str(last), "--out", str(whole)])  # nothing the user had is overwritten
     checkpoint = torch.load(whole, weights_only=True)
     assert checkpoint["global_step"] == 2 and "model.model.embed_tokens.weight" in checkpoint["state_dict"]
     plain = fit("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps", "3",
@@ -85,6 +90,8 @@ def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypa
 
     exported = tmp_path / "exported"
     consolidate.main([str(last), "--pretrained", str(exported)])
+    with pytest.raises(ConfigError, match="^--pretrained .*exported holds an export written outside any run folder"):
+        consolidate.main([str(last), "--pretrained", str(exported)])
     task = HFCausalLM.load_from_checkpoint(whole, weights_only=True).eval()
     with torch.no_grad():
         trained = task.model(input_ids=ids).logits
