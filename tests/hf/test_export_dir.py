@@ -63,10 +63,21 @@ def test_the_command_line_refuses_what_the_run_did_not_write_and_a_resumed_run_r
     assert snapshot(exported) == written
     assert not (tmp_path / "runs" / "hf" / "tiny_llama_poly3" / "version_1").exists()  # removed: it never trained
 
-    [resumed] = run_commands(tmp_path, fit("--trainer.max_steps", "3", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")))
+    copy = tmp_path / "copy.ckpt"  # the run's checkpoint outside its folder: a run from it logs in a new folder
+    copy.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
+    resumed, elsewhere, given = run_commands(
+        tmp_path,
+        fit("--trainer.max_steps", "3", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")),
+        fit("--trainer.max_steps", "3", "--ckpt_path", str(copy)),
+        fit("--trainer.max_steps", "3", "--ckpt_path", str(copy), "--model.init_args.export_dir", "exported_again"),
+    )
     assert resumed["rc"] == 0, resumed["output"][-3000:]  # export_dir came with the checkpoint's hyperparameters
     assert json.loads((exported / "polyattn_export.json").read_text()) == {"run_dir": str(run), "global_step": 3}
-    assert snapshot(exported)["model.safetensors"] != written["model.safetensors"]  # rewritten with step 3's weights
+    rewritten = snapshot(exported)
+    assert rewritten["model.safetensors"] != written["model.safetensors"]  # rewritten with step 3's weights
+    assert elsewhere["rc"] == 2 and error_lines(elsewhere["output"]) == error_lines(second["output"])
+    assert given["rc"] == 0, given["output"][-3000:]  # a given export_dir wins over the checkpoint's
+    assert snapshot(exported) == rewritten and (tmp_path / "exported_again" / "model.safetensors").is_file()
 
 
 @pytest.fixture(scope="module")

@@ -80,12 +80,16 @@ def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypa
 
     whole = tmp_path / "last_full.ckpt"
     consolidate.main([str(last), "--out", str(whole)])
-    with pytest.raises(ConfigError, match=f"^--out {re.escape(str(whole))} exists; give a new file name, or move that one away$"):
+    exists = f"^--out {re.escape(str(whole))} exists; give a new file name, or move that one away$"
+    with pytest.raises(ConfigError, match=exists):
         consolidate.main([str(last), "--out", str(whole)])  # nothing the user had is overwritten
     checkpoint = torch.load(whole, weights_only=True)
     assert checkpoint["global_step"] == 2 and "model.model.embed_tokens.weight" in checkpoint["state_dict"]
-    plain = fit("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps", "3",
-                "--ckpt_path", str(whole))  # one process, no sharding
+    one_process = ("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps",
+                   "3", "--ckpt_path", str(whole))  # no sharding, in a new run folder (the file is outside the run's)
+    with pytest.raises(ConfigError, match="exported_by_fit holds the export of the run in .*version_0"):
+        fit(*one_process)  # which would overwrite the export of the first run's folder
+    plain = fit(*one_process, "--model.init_args.export_dir", str(tmp_path / "exported_by_plain"))
     assert plain.trainer.global_step == 3 and not isinstance(plain.trainer.strategy, ShardedStrategy)
 
     exported = tmp_path / "exported"
