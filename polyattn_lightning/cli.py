@@ -491,6 +491,12 @@ def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str]
     return rewritten, messages
 
 
+#: Init arguments that say where a run writes, not what its model is: given to a run resumed with ``--ckpt_path``
+#: (config or command line), they win over the value saved in the checkpoint's hyperparameters (which is the default:
+#: a run resumed in its own folder rewrites its own export; ``tasks/hf.py``).
+RUN_OUTPUTS = ("export_dir",)
+
+
 class PolyattnCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         batch_limits_read_as_counts(self.trainer_class)  # before the parser reads the Trainer's signature
@@ -614,17 +620,19 @@ class PolyattnCLI(LightningCLI):
         """Lightning reads ``--ckpt_path``'s hyperparameters with a bare ``torch.load``, whose errors
         (``OSError: [Errno 22] Invalid argument`` for a truncated file) do not name the file: when that
         fails, load the file the safe way, which raises a :class:`CheckpointLoadError` naming it and why.
-        A local ``--ckpt_path`` that does not exist stops the run here, before any model is built."""
+        A local ``--ckpt_path`` that does not exist stops the run here, before any model is built. The saved
+        hyperparameters replace the config's, except where this run writes (:data:`RUN_OUTPUTS`) when it is given."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path:
             return super()._parse_ckpt_path()
+        before = init_args(self.config[subcommand].model)
         if ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt_path):
             if Path(ckpt_path).is_dir():
-                return self._parse_sharded_ckpt_path(subcommand, check_sharded_folder(ckpt_path))
+                self._parse_sharded_ckpt_path(subcommand, check_sharded_folder(ckpt_path))
+                return self._keep_run_outputs(subcommand, before)
             if not Path(ckpt_path).is_file():
                 raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file or sharded folder")
-        before = init_args(self.config[subcommand].model)
         if Path(ckpt_path).is_file() and not is_lightning_checkpoint(ckpt_path):
             raise CheckpointLoadError(
                 f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'state_dict'): "
@@ -632,6 +640,7 @@ class PolyattnCLI(LightningCLI):
             )
         try:
             super()._parse_ckpt_path()
+            self._keep_run_outputs(subcommand, before)
             replaced = {
                 key: value
                 for key, value in init_args(self.config[subcommand].model).items()
@@ -652,6 +661,14 @@ class PolyattnCLI(LightningCLI):
             except CheckpointLoadError as err:
                 raise err from err.__cause__  # without the bare torch.load traceback as context
             raise
+
+    def _keep_run_outputs(self, subcommand: str, given: dict) -> None:
+        """Put back the :data:`RUN_OUTPUTS` this run was given (``given``: the model's init arguments before the
+        checkpoint's replaced them)."""
+        model = self.config[subcommand].model
+        for key in RUN_OUTPUTS:
+            if given.get(key) is not None and key in init_args(model):
+                setattr(model.init_args, key, given[key])
 
     def _parse_sharded_ckpt_path(self, subcommand: str, folder: Path) -> None:
         """A sharded checkpoint folder's hyperparameters come from its ``meta.pt`` (read the safe way, as a file)."""

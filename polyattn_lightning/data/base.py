@@ -19,7 +19,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import ConfigError, DataError, MissingPathError
-from .resumable import ResumableDataLoader, eval_loader
+from .evaluation import eval_loader
+from .resumable import ResumableDataLoader
 
 
 class CorruptImageError(DataError):
@@ -133,7 +134,8 @@ class DataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),  # on CPU only a warning would come of it
             persistent_workers=self.num_workers > 0,
         )
-        # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once under DDP
+        # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once on any
+        # number of ranks, and under a sharded strategy gives every rank the same number of batches
         if train:
             return ResumableDataLoader(dataset, shuffle=True, drop_last=self.drop_last_train, **settings)
         return eval_loader(dataset, self.trainer, **settings)

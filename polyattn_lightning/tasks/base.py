@@ -22,8 +22,11 @@ A task family writes its model, its data and its ``training_step``; this base do
   :meth:`TaskModule.init_context` (from a config) is then made on the meta device and initialised once sharded.
 * **Optimizer and schedule** from the ``optim`` hyperparameter (:class:`~polyattn_lightning.tasks.optim.OptimRecipe`)
   for the parameters of :meth:`TaskModule.optimized_module`.
-* **Evaluation**: ``validation_step`` / ``test_step`` call :meth:`TaskModule.evaluate` with the stage; metrics made
-  once by :meth:`TaskModule.set_metrics` are cloned per stage (``val/``, ``test/`` prefixes).
+* **Evaluation**: ``validation_step`` / ``test_step`` call :meth:`TaskModule.evaluate` with the stage, and
+  ``predict_step`` :meth:`TaskModule.predict`; metrics made once by :meth:`TaskModule.set_metrics` are cloned per
+  stage (``val/``, ``test/`` prefixes). Under a sharded strategy a rank with fewer evaluation samples ends with a
+  padding batch (``data/evaluation.py``): the same forward, so every rank joins every all-gather, scored and
+  predicted as nothing.
 * **The best checkpoint** is kept by :attr:`TaskModule.monitor` / :attr:`TaskModule.mode` (the CLI's default for its
   best-checkpoint callback) and, with ``test_after_fit``, tested at the end of ``fit`` through its explicit path.
 * Hooks with defaults that callbacks and commands call: :meth:`TaskModule.attention_probe` (the diagnostics' probe
@@ -46,12 +49,13 @@ from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.data import default_collate
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 
 from ..attention import ActivationSpec, get_activation
 from ..attention.switch import set_attention
 from ..conversion import ConvertRecipe, convert
 from ..conversion.lora import LoraRecipe, add_lora
+from ..data.evaluation import PaddingBatch
 from ..diagnostics.probe import default_probe
 from ..errors import ConfigError, UserInputError, check_options
 from ..sharding import building_later, sharded_strategy
@@ -74,7 +78,8 @@ class TaskModule(pl.LightningModule):
 
     A subclass's ``__init__`` calls ``super().__init__()`` and ``self.save_hyperparameters()`` (its hyperparameters
     include ``attention``, ``optim`` and every name in :attr:`data_args`), then :meth:`build_if_known`; it implements
-    :meth:`build`, ``forward``, ``training_step`` and :meth:`evaluate`.
+    :meth:`build`, ``forward``, ``training_step``, :meth:`evaluate` and, when ``forward``'s output is not what
+    ``lightning predict`` should keep, :meth:`predict`.
     """
 
     #: the validation metric the best checkpoint is chosen by, and whether larger (``max``) or smaller is better
@@ -273,9 +278,21 @@ class TaskModule(pl.LightningModule):
         return self.model
 
     def set_metrics(self, metrics: MetricCollection) -> None:
-        """One copy of ``metrics`` per evaluation stage: ``val_metrics`` (``val/...``) and ``test_metrics``."""
+        """One copy of ``metrics`` per evaluation stage: ``val_metrics`` (``val/...``) and ``test_metrics``; and the
+        stages' mean losses (:meth:`log_loss`)."""
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+        # a NaN loss stays NaN in the mean (torchmetrics would leave it out, with a warning)
+        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
+
+    def log_loss(self, stage: str, loss: Tensor, weight: int) -> None:
+        """Log ``<stage>/loss``: the mean of ``loss`` (one batch's mean over ``weight`` samples or tokens) over the
+        whole split and every rank, exactly. torchmetrics' ``MeanMetric`` sums the weighted losses and the weights
+        across ranks; Lightning's ``sync_dist`` mean divides the summed weights by the world size in integers,
+        rounding down, which weighs the loss wrongly whenever the ranks' counts add up to no multiple of it."""
+        metric = self.val_loss if stage == "val" else self.test_loss
+        metric.update(loss, weight)
+        self.log(f"{stage}/loss", metric, on_step=False, on_epoch=True)
 
     # ---- the data against the model ----------------------------------------------------------------
 
@@ -335,15 +352,28 @@ class TaskModule(pl.LightningModule):
 
     # ---- steps -------------------------------------------------------------------------------------
 
-    def evaluate(self, batch: Any, stage: str) -> None:
-        """Score one validation (``stage="val"``) or test (``"test"``) batch and log it under ``<stage>/``."""
+    def evaluate(self, batch: Any, stage: str | None) -> None:
+        """Score one validation (``stage="val"``) or test (``"test"``) batch and log it under ``<stage>/``; with
+        ``stage`` None (a padding batch, :class:`~polyattn_lightning.data.evaluation.PaddingBatch`) run the same
+        forward and score and log nothing."""
         raise NotImplementedError
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.evaluate(batch, "val")
+        self.evaluate(*_scored(batch, "val"))
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self.evaluate(batch, "test")
+        self.evaluate(*_scored(batch, "test"))
+
+    def predict(self, batch: Any) -> Any:
+        """What ``lightning predict`` keeps of one batch (the default: ``forward``'s output)."""
+        return self(batch)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """:meth:`predict`; for a padding batch its forward and None, which the prediction writer leaves out."""
+        if isinstance(batch, PaddingBatch):
+            self.predict(batch.batch)
+            return None
+        return self.predict(batch)
 
     def stage_metrics(self, stage: str) -> MetricCollection:
         """The metrics of ``stage`` (``val`` or ``test``) that :meth:`set_metrics` made."""
@@ -423,9 +453,18 @@ def from_deprecated_calibrate(hparams: dict[str, Any]) -> None:
     hparams["convert"] = asdict(replace(recipe, method="calibrate"))
 
 
-def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage: str) -> None:
-    """Log ``<stage>/loss`` (cross entropy) and update and log the stage's accuracy metrics for one batch."""
-    module.log(f"{stage}/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True, batch_size=len(labels))
+def _scored(batch: Any, stage: str) -> tuple[Any, str | None]:
+    """:meth:`TaskModule.evaluate`'s arguments for ``batch``: a padding batch's contents and no stage (the same forward
+    on every rank, under a sharded strategy, scoring nothing: ``data/evaluation.py``), else ``batch`` and ``stage``."""
+    return (batch.batch, None) if isinstance(batch, PaddingBatch) else (batch, stage)
+
+
+def logits_evaluation(module: TaskModule, logits: Tensor, labels: Tensor, stage: str | None) -> None:
+    """Log ``<stage>/loss`` (cross entropy) and update and log the stage's accuracy metrics for one batch (nothing
+    with ``stage`` None: a padding batch)."""
+    if stage is None:
+        return
+    module.log_loss(stage, nn.functional.cross_entropy(logits, labels), len(labels))
     metrics = module.stage_metrics(stage)
     metrics.update(logits, labels)
     # logging the metric objects lets torchmetrics reduce their counts across DDP ranks at epoch end

@@ -227,10 +227,10 @@ class ClassificationModule(TaskModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+    def evaluate(self, batch: tuple[Tensor, Tensor], stage: str | None) -> None:
         images, targets = batch
         logits_evaluation(self, self(images), targets, stage)
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Class probabilities."""
         return self(batch[0]).softmax(dim=-1)

@@ -203,11 +203,13 @@ class DetectionModule(TaskModule):
         converted, self._metric.results = self._metric.results, []
         return [result for _gt, result in converted]
 
-    def evaluate(self, batch: dict, stage: str) -> None:
-        """Keep the batch's detections; they are scored together at the end of the epoch."""
-        self._results.extend(self._predict(batch))
+    def evaluate(self, batch: dict, stage: str | None) -> None:
+        """Keep the batch's detections (not a padding batch's); they are scored together at the end of the epoch."""
+        results = self._predict(batch)
+        if stage is not None:
+            self._results.extend(results)
 
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+    def predict(self, batch: dict) -> list[dict]:
         """Per image: ``img_id``, ``bboxes`` (x1, y1, x2, y2), ``scores``, ``labels`` and RLE ``masks``."""
         return self._predict(batch)
 

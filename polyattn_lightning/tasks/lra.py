@@ -117,10 +117,10 @@ class LRAModule(TaskModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: dict[str, Tensor], stage: str | None) -> None:
         logits_evaluation(self, self(batch["input_ids"], batch["mask"]), batch["label"], stage)
 
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: dict[str, Tensor]) -> Tensor:
         """Class probabilities."""
         return self(batch["input_ids"], batch["mask"]).softmax(dim=-1)
 
