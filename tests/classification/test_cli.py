@@ -14,6 +14,7 @@ from training_helpers import (CONFIGS, QUICKSTART, built, config_piece, experime
                               resolved_config, runs_activation)
 
 from polyattn_lightning import cli
+from polyattn_lightning.cli import defaults
 from polyattn_lightning.models.timm_builder import create_timm_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -62,8 +63,8 @@ def test_every_shared_config_piece_is_used_by_an_experiment():
 
 
 def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu(capsys, monkeypatch):
-    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == cli.default_precision()
-    monkeypatch.setattr(cli, "default_precision", lambda: "bf16-mixed")
+    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == defaults.default_precision()
+    monkeypatch.setattr(defaults, "default_precision", lambda: "bf16-mixed")
     assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == "bf16-mixed"
 
 
