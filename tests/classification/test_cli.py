@@ -16,6 +16,7 @@ from training_helpers import (CONFIGS, QUICKSTART, built, config_piece, experime
                               resolved_config, runs_activation)
 
 from polyattn_lightning import cli
+from polyattn_lightning.cli import defaults
 from polyattn_lightning.models.timm_builder import create_timm_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -64,8 +65,8 @@ def test_every_shared_config_piece_is_used_by_an_experiment():
 
 
 def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu(capsys, monkeypatch):
-    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == cli.default_precision()
-    monkeypatch.setattr(cli, "default_precision", lambda: "bf16-mixed")
+    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == defaults.default_precision()
+    monkeypatch.setattr(defaults, "default_precision", lambda: "bf16-mixed")
     assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == "bf16-mixed"
 
 
@@ -74,7 +75,7 @@ def test_a_batch_limit_given_as_an_int_counts_batches_whatever_union_the_typing_
     its ``Optional[Union[int, float]]`` float first (as in the lowest environment: ``lightning.fabric`` made that
     union first, and jsonargparse tries a union's types in order)."""
     init = inspect.unwrap(Trainer.__init__)
-    for name in cli.BATCH_LIMITS:
+    for name in defaults.BATCH_LIMITS:
         monkeypatch.setitem(init.__annotations__, name, float | int | None)
     given = dict(limit_train_batches="1", limit_val_batches="1.0", limit_test_batches="0.5", limit_predict_batches="3")
     config = resolved_config(capsys, QUICKSTART, *(f"--trainer.{name}={value}" for name, value in given.items()))
