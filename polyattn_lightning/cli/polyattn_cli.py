@@ -79,8 +79,8 @@ class PolyattnCLI(LightningCLI):
         """``--ckpt_path`` probed first (:func:`~.ckpt_path.sharded_folder`: a missing path or a weight file stops
         the run here, before any model is built); a sharded folder's hyperparameters come from its ``meta.pt``, read
         the safe way as a file; a file's that cannot be read raise an error naming it
-        (:func:`~.ckpt_path.load_errors_named`), and those that replace the config's are said, except where this run writes (:data:`~.ckpt_path.RUN_OUTPUTS`),
-        which it keeps when given."""
+        (:func:`~.ckpt_path.load_errors_named`), and those that replace the config's are said, except where this
+        run writes (:data:`~.ckpt_path.RUN_OUTPUTS`), which it keeps when given."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path:
