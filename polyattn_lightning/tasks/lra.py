@@ -77,9 +77,7 @@ class LRAModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint.
         """
         super().__init__()
-        self.save_hyperparameters()
         self.model: LRAClassifier | None = None
-        self.build_if_known()
 
     def build(self) -> None:
         hp = self.hparams
