@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,11 +45,26 @@ from .optim import OptimRecipe, configure_recipe, step_scheduler
 from .steps import shard
 
 
+#: Methods the base had before its steps and callback took their work, which it no longer calls, and what to
+#: override instead: a task class that defines one is told when it is defined.
+RETIRED_HOOKS = {
+    "convert_once": "the convert step (tasks/steps/convert.py) runs by itself",
+    "conversion_samples": "override conversion_inputs (one batch as the attention target takes it)",
+    "test_best_checkpoint": "the best checkpoint's test is the BestCheckpointTest callback (tasks/best_checkpoint.py)",
+    "mismatch_message": "the message is tasks/hparams.py's; override check_data to check more",
+}
+
+
 class TaskType(type(pl.LightningModule)):
     """How a task is made: a keyword option its ``__init__`` does not take refused first (one line naming it, the
     closest option and every option the task takes: Python's own error is a bare ``TypeError``), then the
     ``__init__`` of every class in its line, then the model built when it can be (:meth:`TaskModule.build_if_known`).
     Copying and unpickling make no call: they restore a task as it was."""
+
+    def __init__(cls, name: str, bases: tuple, namespace: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(name, bases, namespace, **kwargs)
+        for hook in sorted(RETIRED_HOOKS.keys() & namespace.keys()):
+            warnings.warn(f"{name}.{hook} is no longer called by the task base: {RETIRED_HOOKS[hook]}", stacklevel=2)
 
     def __call__(cls, *args: Any, **kwargs: Any):
         check_options(cls.__init__, kwargs, owner=cls.__name__)

@@ -157,6 +157,22 @@ def test_the_base_builds_once_the_init_has_run_and_when_the_values_are_known():
     assert str(inspect.signature(Toy)) == str(inspect.signature(PlainToy))
 
 
+def test_a_task_written_for_the_old_base_builds_once_and_a_retired_hook_is_named():
+    class OldStyle(Toy):
+        def __init__(self, num_classes: int | None = None, width: int = 16):
+            super().__init__(num_classes=num_classes, width=width)
+            self.save_hyperparameters()  # what every task had to remember
+            self.build_if_known()
+
+    old = OldStyle(num_classes=3, width=8)
+    assert old.built_with == [8] and dict(old.hparams) == dict(Toy(num_classes=3, width=8).hparams)
+    with pytest.warns(UserWarning, match=r"^Older.test_best_checkpoint is no longer called by the task base: the "
+                                         r"best checkpoint's test is the BestCheckpointTest callback"):
+        class Older(Toy):
+            def test_best_checkpoint(self) -> None:
+                pass
+
+
 def test_copying_and_unpickling_restore_a_task_without_building_it_again():
     task = Toy(num_classes=3)
     for clone in (copy.deepcopy(task), pickle.loads(pickle.dumps(task))):
