@@ -66,17 +66,17 @@ def run(task: pl.LightningModule, new: bool) -> None:
     """Convert, unless it ran already (this run, or the one whose checkpoint the task was restored from), no trainer
     with data is attached (a model rebuilt by ``load_from_checkpoint``: its weights are the converted ones), or a
     checkpoint is about to replace the weights."""
-    method = recipe(task)
+    settings = recipe(task)
     trainer = task._trainer
-    if method.method == "none" or task.conversion is not None or trainer is None or trainer.datamodule is None:
+    if settings.method == "none" or task.conversion is not None or trainer is None or trainer.datamodule is None:
         return
     if task.weights_from_checkpoint():
-        rank_zero_info(f"convert {method.method}: skipped, the weights come from the checkpoint")
+        rank_zero_info(f"convert {settings.method}: skipped, the weights come from the checkpoint")
         return
     target = task.attention_target()
-    batches = samples(task, method, next(target.parameters()).device)
-    options = method.options if method.method == "transfer" else {}
-    report = convert(target, task.attention_spec(), batches, method.method, **options)
+    batches = samples(task, settings, next(target.parameters()).device)
+    options = settings.options if settings.method == "transfer" else {}
+    report = convert(target, task.attention_spec(), batches, settings.method, **options)
     task.conversion = report.as_dict()
     rank_zero_info(report.summary())
     if trainer.is_global_zero and trainer.loggers:  # the run's folder (none without a logger)
@@ -97,18 +97,18 @@ def write_report(trainer: pl.Trainer, report: ConversionReport) -> None:
         )
 
 
-def samples(task: pl.LightningModule, method: ConvertRecipe, device) -> list[Any]:
-    """The first ``method.samples`` training samples, collated in batches of ``method.batch_size`` (None: the
+def samples(task: pl.LightningModule, settings: ConvertRecipe, device) -> list[Any]:
+    """The first ``settings.samples`` training samples, collated in batches of ``settings.batch_size`` (None: the
     data's), as the task's ``conversion_inputs()`` makes them, on ``device``."""
     datamodule = task.trainer.datamodule
     dataset = getattr(datamodule, "train_set", None)
     if dataset is None:
         raise ConfigError(
-            f"model.init_args.convert.method {method.method}: the convert step runs on the training data, but "
+            f"model.init_args.convert.method {settings.method}: the convert step runs on the training data, but "
             f"{type(datamodule).__name__} has no train_set after setup"
         )
-    count = min(method.samples, len(dataset))
-    size = method.batch_size or getattr(datamodule, "batch_size", None) or count
+    count = min(settings.samples, len(dataset))
+    size = settings.batch_size or getattr(datamodule, "batch_size", None) or count
     collate = getattr(datamodule, "collate_fn", None) or default_collate
     return [
         move_data_to_device(
