@@ -132,6 +132,11 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.scoring", name)
         for name in ("coco_metric", "coco_scores", "METRIC_ITEMS", "COCO_REPORT")
     },
+    **{
+        (f"{_PACKAGE}.tasks.base", name): (f"{_PACKAGE}.tasks.steps.convert", name)
+        for name in ("CONVERSION_KEY", "from_deprecated_calibrate")
+    },
+    (f"{_PACKAGE}.tasks.base", "as_dataclass"): (f"{_PACKAGE}.tasks.hparams", "as_dataclass"),
 }
 
 #: ``(old module, name) -> what replaced it``: names that have no new home (asking for one says what to do instead).

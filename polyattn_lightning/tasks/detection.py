@@ -84,7 +84,6 @@ class DetectionModule(TaskModule):
                 backbone's new resampling branches, the neck and the heads train, the pretrained XCiT is frozen.
         """
         super().__init__()
-        self.save_hyperparameters()
         config = _detection()[0].load_detector_config(detector)
         self.hparams.detector = copy.deepcopy(config)  # checkpoints hold the config itself (weights_only-loadable)
         backbone = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
@@ -112,7 +111,6 @@ class DetectionModule(TaskModule):
         self.detector = None
         self._results: list[dict] = []
         self._metric = None
-        self.build_if_known()
 
     def build(self) -> None:
         detector_config, scoring = _detection()

@@ -58,8 +58,10 @@ from ..models.hf_pretrained import (
     resolve_folder,
 )
 from ..sharding import full_state_dict, plain_class
-from .base import TaskModule, from_deprecated_calibrate, logits_evaluation
+from .base import TaskModule
+from .evaluation import logits_evaluation
 from .optim import OptimRecipe
+from .steps.convert import from_deprecated_calibrate
 
 #: Training samples in the probe batch that set_attention runs.
 PROBE_SAMPLES = 16
@@ -267,7 +269,8 @@ class HFTask(TaskModule):
         return Path(trainer.log_dir) if trainer is not None and trainer.loggers and trainer.log_dir else None
 
     def on_fit_end(self) -> None:
-        super().on_fit_end()  # the best checkpoint's test loads its weights
+        """Export to ``export_dir``: after the best checkpoint's test (a callback, whose ``on_fit_end`` runs first),
+        so the export holds the tested weights."""
         if self.hparams.export_dir:
             self.export(self.hparams.export_dir)  # every rank: a sharded model is gathered first
 
@@ -344,10 +347,8 @@ class HFSequenceClassification(HFTask):
             built_config: filled by the task (the config the model was built with); leave it unset.
         """
         super().__init__()
-        self.save_hyperparameters()
         from_deprecated_calibrate(self.hparams)
         self.model = None
-        self.build_if_known()
 
     def config_overrides(self) -> dict[str, Any]:
         labels = list(self.hparams.classes)
@@ -434,10 +435,8 @@ class HFCausalLM(HFTask):
             vocab_size: None takes the data's (its tokenizer's size); a model from ``hf_config`` is built with it.
         """
         super().__init__()
-        self.save_hyperparameters()
         from_deprecated_calibrate(self.hparams)
         self.model = None
-        self.build_if_known()
 
     def config_overrides(self) -> dict[str, Any]:
         return {"vocab_size": self.hparams.vocab_size} if self.hparams.model is None else {}

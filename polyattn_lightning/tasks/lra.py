@@ -23,7 +23,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from ..attention import ActivationSpec
 from ..data.lra.base import majority_rate
 from ..models import LRAClassifier
-from .base import TaskModule, logits_evaluation
+from .base import TaskModule
+from .evaluation import logits_evaluation
 from .optim import OptimRecipe
 
 #: Xiong et al.'s optimizer and schedule: AdamW (0.9, 0.999), eps 1e-6, no weight decay, lr 1e-4, linear
@@ -77,9 +78,7 @@ class LRAModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint.
         """
         super().__init__()
-        self.save_hyperparameters()
         self.model: LRAClassifier | None = None
-        self.build_if_known()
 
     def build(self) -> None:
         hp = self.hparams
