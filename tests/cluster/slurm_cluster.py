@@ -3,7 +3,8 @@
 The ``slurm`` fixture (``tests/conftest.py``, any test directory) hands a test a running :class:`SlurmCluster`
 with the cluster's client settings in ``os.environ`` for that test only; ``slurm_cluster`` is the same cluster for
 module-scoped fixtures, which pass ``cluster.environ()`` to the commands they run. The cluster is started once per
-test session, on first use, and stopped at its end; a SLURM already running on the machine is left alone:
+test session (per pytest-xdist worker), on first use, and stopped at its end; a SLURM already running on the
+machine is left alone:
 
 * munged with its own key (1024 random bytes) and socket in the cluster's folder (``AuthInfo=socket=...``);
 * ``slurm.conf`` generated in that folder: free ports of its own (``SlurmctldPort``, ``SlurmdPort``), state, spool,
@@ -31,9 +32,10 @@ A test that submits through submitit, e.g. a grid as a job array, needs nothing 
         executor.update_parameters(slurm_partition=slurm.partition, cpus_per_task=1, timeout_min=10,
                                    slurm_array_parallelism=slurm.cpus)
         jobs = executor.map_array(train_cell, cells)
-        slurm.wait_until("the array's first task to start", lambda: ...)  # then cancel it midway:
-        slurm.run("scancel", f"{jobs[0].job_id}")
-        slurm.wait_for_job(jobs[0].job_id)  # ended: CANCELLED
+        first = jobs[0].job_id  # "<array job id>_0"
+        slurm.wait_until(f"array task {first} to train", lambda: ...)  # e.g. its cell's first checkpoint written
+        slurm.run("scancel", first)  # cancelled midway
+        assert slurm.wait_for_job(first)["JobState"] == "CANCELLED"
 
 and a command such as ``polyattn grid --launcher slurm`` run with ``subprocess`` inherits the same variables.
 Each array task takes its ``cpus_per_task`` of the node's :attr:`SlurmCluster.cpus`; the rest wait their turn.
