@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 EPOCHS, STEPS_PER_EPOCH = 3, 6
 HOLD_AT = 8  # epoch 1, away from its validation
+TIMEOUT = 900  # seconds, for each wait on a job: a minute or two of work on the quiet 2-core machine
 RUN = Path("runs", "classification", "quickstart")  # the quickstart's runs (task family, config name)
 # the GPU node's lines of the script, overridden on sbatch's command line for one CPU node
 CPU_NODE = ["--nodes", "1", "--ntasks-per-node", "2", "--gpus-per-node", "0", "--cpus-per-task", "1"]
@@ -101,35 +102,34 @@ def jobs(slurm_cluster, tmp_path_factory) -> dict[str, Job]:
     ids["reference"] = submit(slurm, checkout, probes["reference"])  # starts when the node is free
 
     preempted = ids["preempted"]
-    output = checkout / f"polyattn-{preempted}.out"
+
+    def output(job_id: str) -> str:
+        path = checkout / f"polyattn-{job_id}.out"
+        return path.read_text()[-3000:] if path.exists() else "(no output)"
 
     def held() -> bool:
         state = slurm.job(preempted)["JobState"]
         if state not in ("PENDING", "RUNNING"):
-            tail = output.read_text()[-3000:] if output.exists() else "(no output)"
-            raise AssertionError(f"job {preempted} {state} before reaching step {HOLD_AT}:\n{tail}")
+            raise AssertionError(f"job {preempted} {state} before reaching step {HOLD_AT}:\n{output(preempted)}")
         return all((probes["preempted"] / f"held-rank{rank}").exists() for rank in (0, 1))
 
-    slurm.wait_until(
-        f"both tasks of job {preempted} to reach step {HOLD_AT}",
-        held,
-        status=lambda: f"job {preempted} {slurm.job(preempted)['JobState']}",
-    )
-    slurm.run("scancel", "--signal=USR1", preempted)  # to every task, as --signal=SIGUSR1@90 does
-    slurm.wait_until(
-        f"job {preempted} to be requeued",
-        lambda: slurm.job(preempted)["Restarts"] == "1",
-        timeout=120,
-        status=lambda: f"job {preempted} {slurm.job(preempted)['JobState']}",
-    )
-    slurm.say(
-        f"job {preempted} requeued: SLURM holds it {REQUEUE_HOLD_S} s (BeginTime) while the reference job "
-        f"{ids['reference']} runs, then it resumes"
-    )
-    return {
-        name: Job(job_id, checkout, probes[name], slurm.wait_for_job(job_id, timeout=900))
-        for name, job_id in ids.items()
-    }
+    def status() -> str:
+        return f"job {preempted} {slurm.job(preempted)['JobState']}"
+
+    try:
+        slurm.wait_until(f"both tasks of job {preempted} to reach step {HOLD_AT}", held, TIMEOUT, status)
+        slurm.run("scancel", "--signal=USR1", preempted)  # to every task, as --signal=SIGUSR1@90 does
+        slurm.wait_until(
+            f"job {preempted} to be requeued", lambda: slurm.job(preempted)["Restarts"] == "1", 300, status
+        )
+        slurm.say(
+            f"job {preempted} requeued: SLURM holds it {REQUEUE_HOLD_S} s (BeginTime) while the reference job "
+            f"{ids['reference']} runs, then it resumes"
+        )
+        records = {name: slurm.wait_for_job(job_id, TIMEOUT) for name, job_id in ids.items()}
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n" + "\n".join(f"job {i}:\n{output(i)}" for i in ids.values())) from None
+    return {name: Job(job_id, checkout, probes[name], records[name]) for name, job_id in ids.items()}
 
 
 def test_the_sbatch_script_runs_two_ddp_tasks_to_exit_0_on_a_cpu_node(jobs):
