@@ -64,7 +64,7 @@ class RunSummary(Callback):
         self._history: list[dict[str, Any]] = []  # the monitored value at every validation: value, step, epoch
         self._metrics: dict[str, float | None] = {}
         self._restored: dict[str, Any] | None = None
-        self._status: str | None = None
+        self._evaluated: dict[str, Any] = {}  # validate/test: the checkpoint's global_step and epoch
         self._error: str | None = None
 
     # -- what the run logs -----------------------------------------------------------------------------------
@@ -75,20 +75,21 @@ class RunSummary(Callback):
 
     def _begin(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended, self._verb, self._start = False, trainer.state.fn.value, time.monotonic()
-        self._status = self._error = self._restored = None
-        self._history, self._metrics = [], {}
+        self._error = self._restored = None
+        self._history, self._metrics, self._evaluated = [], {}, {}
         log_dir = trainer.log_dir  # a collective (broadcast from rank 0): read here, where every rank is
         self._folder = Path(log_dir) if log_dir else None
-        self._checkpoint = best_checkpoint(trainer, pl_module) if self._verb == "fit" else None
-        monitor = getattr(pl_module, "monitor", None)
-        self._monitor, self._mode = monitor, getattr(pl_module, "mode", None) or "min"
-        if self._checkpoint is not None:
-            self._monitor, self._mode = self._checkpoint.monitor, self._checkpoint.mode
+        checkpoint = best_checkpoint(trainer, pl_module)
+        self._checkpoint = checkpoint if self._verb == "fit" else None
+        if checkpoint is not None:
+            self._monitor, self._mode = checkpoint.monitor, checkpoint.mode
+        else:
+            self._monitor, self._mode = getattr(pl_module, "monitor", None), getattr(pl_module, "mode", None) or "min"
         split = "test" if self._verb == "test" else "val"
         if split == "test" and self._monitor and self._monitor.startswith("val/"):
             self._monitor = "test/" + self._monitor.removeprefix("val/")
         chance_rate = getattr(trainer.datamodule, "chance_rate", None)  # a DataModule of this project's
-        self._chance = chance_rate(split) if chance_rate is not None else None
+        self._chance = chance_rate(split) if chance_rate is not None and self._verb != "predict" else None
         if self._chance is not None:
             classes = getattr(trainer.datamodule, "classes", None)
             self._chance_class = classes[self._chance.label] if classes else self._chance.label
@@ -112,8 +113,18 @@ class RunSummary(Callback):
         logged = {key: plain(value) for key, value in trainer.callback_metrics.items() if key.startswith(prefix)}
         self._metrics.update(logged)
         if self._monitor in logged:
-            entry = {"value": logged[self._monitor], "step": trainer.global_step, "epoch": trainer.current_epoch}
-            self._history.append(entry)
+            self._history.append({"value": logged[self._monitor], **self._trained(trainer)})
+
+    def _trained(self, trainer: pl.Trainer) -> dict[str, int | None]:
+        """The optimizer steps done and the epoch: the run's (fit), or the evaluated checkpoint's."""
+        if self._verb == "fit":
+            return {"step": trainer.global_step, "epoch": trainer.current_epoch}
+        return {"step": self._evaluated.get("global_step"), "epoch": self._evaluated.get("epoch")}
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._evaluated = {key: checkpoint.get(key) for key in ("global_step", "epoch")}
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self._history), "metrics": dict(self._metrics)}
@@ -169,8 +180,7 @@ class RunSummary(Callback):
             if chance is None
             else {"rate": chance.rate, "source": chance.source, "samples": chance.samples, "class": self._chance_class},
             "at_chance": self._at_chance(best),
-            "steps": trainer.global_step,
-            "epochs": trainer.current_epoch,
+            **dict(zip(("steps", "epochs"), self._trained(trainer).values())),
             "elapsed_s": round(time.monotonic() - self._start, 1),
             "config": self._config(trainer),
             "error": self._error,
@@ -202,18 +212,17 @@ class RunSummary(Callback):
         """Whether the best accuracy is within :data:`NOISE_SE` standard errors of the chance rate, or below it;
         None where either is unknown or the monitored metric is not the accuracy."""
         chance = self._chance
-        if chance is None or best is None or (self._monitor or "").rpartition("/")[2] != ACCURACY:
+        if chance is None or best is None or best["value"] is None or self._monitor.rpartition("/")[2] != ACCURACY:
             return None
         return best["value"] <= chance.rate + NOISE_SE * chance.standard_error()
 
     def _relative(self, path: str) -> str:
-        """``path`` relative to the run's folder where it lies inside it (``checkpoints/best-epoch003.ckpt``)."""
-        if self._folder is None:
-            return str(path)
-        try:
-            return str(Path(path).resolve().relative_to(self._folder.resolve()))
-        except ValueError:
-            return str(path)
+        """``path`` relative to the run's folder where it lies inside it (``checkpoints/best-epoch003.ckpt``), else
+        absolute (the checkpoint an evaluation folder's run evaluated)."""
+        resolved = Path(path).resolve()
+        if self._folder is not None and resolved.is_relative_to(self._folder.resolve()):
+            return str(resolved.relative_to(self._folder.resolve()))
+        return str(resolved)
 
     def _config(self, trainer: pl.Trainer) -> str | None:
         """The config this run saved (``config.yaml``; ``config.1.yaml``... for a resumed run), if it saved one."""
@@ -246,7 +255,7 @@ class RunSummary(Callback):
             )
         if path is not None:
             lines.append(f"  written: {path}")
-        if summary["at_chance"]:
+        if summary["at_chance"] and summary["verb"] == "fit":
             lines.append(self.chance_line(summary))
         return lines
 
@@ -317,7 +326,11 @@ def scored(entry: dict[str, Any] | None) -> str:
 
 
 def headline(summary: dict[str, Any]) -> str:
-    """``fit finished: 150 steps, 5 epochs, 40.2 s`` (``failed: <error>``)."""
-    what = f"{summary['verb']} {summary['status']}"
-    counted = f"{summary['steps']} steps, {summary['epochs']} epochs, {summary['elapsed_s']} s"
-    return f"{what}: {counted}" + (f"; {summary['error']}" if summary["error"] else "")
+    """``fit finished: 150 steps, 5 epochs, 40.2 s``; an evaluation names the checkpoint's step and epoch; a failed
+    run ends with its error."""
+    if summary["verb"] == "fit":
+        counted = f"{summary['steps']} steps, {summary['epochs']} epochs"
+    else:
+        counted = f"a checkpoint of step {summary['steps']}, epoch {summary['epochs']}"
+    line = f"{summary['verb']} {summary['status']}: {counted}, {summary['elapsed_s']} s"
+    return line + (f"; {summary['error']}" if summary["error"] else "")

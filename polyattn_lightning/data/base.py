@@ -169,13 +169,13 @@ class DataModule(pl.LightningDataModule):
         """The majority-class rate of the validation (``val``) or test (``test``: the validation split where there
         is none) split, which ``val/top1`` or ``test/top1`` is read against; None where the labels are unknown
         (:meth:`split_labels`). Call it after ``setup()``."""
-        names = {"val": "validation", "test": "test"}
         dataset = self.val_set if split == "val" else self._test_or_val()
         labels = self.split_labels(dataset)
         if labels is None or len(labels) == 0 or labels.min() < 0:  # -1: unlabelled (predict_root)
             return None
         counts = np.bincount(labels)
-        source = f"majority class of {len(labels)} {names[split]} {self.sample_noun}"
+        name = "validation" if dataset is self.val_set else "test"
+        source = f"majority class of {len(labels)} {name} {self.sample_noun}"
         return ChanceRate(float(counts.max() / len(labels)), int(counts.argmax()), len(labels), source)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:

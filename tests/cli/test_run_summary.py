@@ -99,8 +99,19 @@ def test_interrupted_failed_and_resumed_runs_say_how_they_ended(project):  # noq
     assert (summary["status"], summary["steps"], summary["error"]) == ("failed", 4, "Killed")
     assert "fit failed: 4 steps, 1 epochs, " in failed["output"] and "; Killed" in failed["output"]
 
+    # validating the stopped run's best checkpoint (epoch 0's) scores what epoch 0's validation logged
+    interrupted_best = json.loads((stopped_dir / "metrics.json").read_text())["best"]
+    ckpt = stopped_dir / interrupted_best["checkpoint"]
     [line] = [line for line in stopped["output"].splitlines() if line.startswith("Ctrl-C: saved")]
-    [resumed] = run(project, shlex.split(line.split("resume with: ", 1)[1])[1:])
+    validated, resumed = run(project, ["validate", "--ckpt_path", str(ckpt)],
+                             shlex.split(line.split("resume with: ", 1)[1])[1:])
+    assert validated["rc"] == 0, validated["output"]
+    summary = json.loads((stopped_dir / "validate_best-epoch000" / "metrics.json").read_text())
+    assert (summary["verb"], summary["monitor"], summary["steps"], summary["epochs"]) == ("validate", "val/top1", 3, 0)
+    evaluated = {"checkpoint": str(ckpt)}
+    assert summary["best"] == summary["last"] | evaluated == interrupted_best | evaluated
+    assert "validate finished: a checkpoint of step 3, epoch 0, " in validated["output"]
+
     assert resumed["rc"] == 0, resumed["output"]
     summary = json.loads((stopped_dir / "metrics.json").read_text())  # rewritten
     scalars = logged(stopped_dir)  # both runs' event files
