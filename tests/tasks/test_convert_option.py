@@ -163,15 +163,14 @@ def test_bad_convert_and_lora_options_stop_before_any_model_is_built(capsys):
 
 def test_convert_on_the_command_line_refuses_an_unknown_option_in_one_line_and_warns_on_too_few_samples(tmp_path):
     """As a user runs them, each its own process: a misspelt key of the convert mapping (given whole on the
-    command line, or in a config file, on a timm and an HF task) is one line naming the closest, exit 2, nothing
+    command line to a timm task, in a config file to an HF one) is one line naming the closest, exit 2, nothing
     written; too few samples to judge the transfer by is one warning line in a run that goes on."""
     (tmp_path / "convert.yaml").write_text("model: {init_args: {convert: {method: transfer, hold_out: 0.2}}}\n")
-    misspelt = ["--model.init_args.convert", "{method: transfer, hold_out: 0.2}"]
     cases = [
-        (["fit", "--config", str(QUICKSTART), *misspelt], "ClassificationModule"),
-        (["fit", "--config", str(QUICKSTART), "--config", "convert.yaml"], "ClassificationModule"),
-        (["fit", "--config", str(HF / "minilm_poly3.yaml"), *misspelt], "HFSequenceClassification"),
-    ]
+        (["fit", "--config", str(QUICKSTART), "--model.init_args.convert", "{method: transfer, hold_out: 0.2}"],
+         "ClassificationModule"),
+        (["fit", "--config", str(HF / "minilm_poly3.yaml"), "--config", "convert.yaml"], "HFSequenceClassification"),
+    ]  # fmt: skip
     few = ["fit", "--config", str(QUICKSTART), "--model.init_args.convert", "{method: transfer, samples: 8, steps: 4}"]
     few += "--trainer.max_steps 1 --trainer.limit_val_batches 1 --trainer.limit_test_batches 1".split()
     *refused, ran = run_commands(tmp_path, *(argv for argv, _ in cases), few)
