@@ -67,7 +67,8 @@ class PaperTable:
         if model is None or column is None or column not in self.numbers.get(model, {}):
             return None
         reported = self.numbers[model][column]
-        return PaperValue(reported, reported / self.per_metric_unit, self.unit, model, column, self.source)
+        value = round(reported / self.per_metric_unit, 12)  # 0.796, not 79.6 / 100's 0.7959999999999999
+        return PaperValue(reported, value, self.unit, model, column, self.source)
 
 
 def activation_column(attention: Any) -> str | None:
@@ -125,10 +126,10 @@ PAPERS: dict[str, PaperTable] = {
 }
 
 
-def paper_table(key: str) -> PaperTable:
-    """The table ``report.paper`` names; an error names the closest key and lists the known ones."""
+def paper_table(key: str, where: str = "report.paper") -> PaperTable:
+    """The table ``report.paper`` names; an error (led by ``where``) names the closest key and lists the known ones."""
     if key not in PAPERS:
         closest = closest_option(str(key), PAPERS)
         hint = f" (did you mean {closest!r}?)" if closest else ""
-        raise UnknownNameError(f"report.paper: unknown paper table {key!r}{hint}; known: {', '.join(PAPERS)}")
+        raise UnknownNameError(f"{where}: unknown paper table {key!r}{hint}; known: {', '.join(PAPERS)}")
     return PAPERS[key]

@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,10 @@ def markdown(results: Results) -> str:
     lines = [
         f"# Grid `{results.name}`: {metric}, {results.use} value of each fit",
         "",
-        f"{counted} of {total} cells finished and counted. Mean ± sample standard deviation over seeds and the "
-        f"{LEVEL:.0%} t interval of the mean (method below).",
+        (
+            f"{counted} of {total} cells finished and counted. Mean ± sample standard deviation over seeds and the "
+            f"{LEVEL:.0%} t interval of the mean (method below)."
+        ),
         "",
         "| " + " | ".join(header) + " |",
         "| " + " | ".join("---:" if name == "n" else "---" for name in header) + " |",
@@ -144,9 +147,11 @@ def method_notes(results: Results) -> list[str]:
         + (f"; higher is better (mode {results.mode})." if results.mode == "max" else "")
         + (f"; lower is better (mode {results.mode})." if results.mode == "min" else "")
         + ("." if results.mode not in ("max", "min") else ""),
-        f"Interval: mean ± t · s / √n, t the {(1 + LEVEL) / 2:.3f} quantile of Student's t with n − 1 degrees of "
-        f"freedom, s the sample standard deviation (n − 1 divisor), n the group's finished seeds; with n = 1 there is "
-        f"no spread and no interval.",
+        (
+            f"Interval: mean ± t · s / √n, t the {(1 + LEVEL) / 2:.3f} quantile of Student's t with n − 1 degrees "
+            "of freedom, s the sample standard deviation (n − 1 divisor), n the group's finished seeds; with n = 1 "
+            "there is no spread and no interval."
+        ),
     ]
     if results.baseline:
         notes.append(
@@ -226,7 +231,7 @@ def _columns(results: Results, fixed: tuple[str, ...]) -> list[str]:
         axes.append(results.seeds.name)
     clash = set(axes) & set(fixed)
     if clash:
-        raise ConfigError(f"axis name {sorted(clash)[0]!r} is also a report column ({', '.join(fixed)}); rename it")
+        raise ConfigError(f"axis name {min(clash)!r} is also a report column ({', '.join(fixed)}); rename it")
     return axes + list(fixed)
 
 
@@ -238,11 +243,8 @@ def cell_rows(results: Results) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _summary_json(summary: Summary | None) -> dict[str, Any] | None:
-    if summary is None:
-        return None
-    return {"n": summary.n, "mean": summary.mean, "std": summary.std, "low": summary.low, "high": summary.high,
-            "t": summary.t, "level": summary.level}  # fmt: skip
+def _plain(record: Any) -> dict[str, Any] | None:
+    return None if record is None else asdict(record)
 
 
 def as_json(results: Results, figures: list[Path]) -> dict[str, Any]:
@@ -267,19 +269,11 @@ def as_json(results: Results, figures: list[Path]) -> dict[str, Any]:
                 "labels": dict(zip([axis.name for axis in results.group_axes], group.key)),
                 "values": group.values,
                 "missing": group.missing,
-                "summary": _summary_json(group.summary),
+                "summary": _plain(group.summary),
                 "is_baseline": group.is_baseline,
                 "baseline": group.baseline,
-                "paired": None
-                if group.paired is None
-                else {
-                    "seeds": list(group.paired.seeds),
-                    "differences": list(group.paired.differences),
-                    "summary": _summary_json(group.paired.summary),
-                    "only_group": list(group.paired.only_group),
-                    "only_baseline": list(group.paired.only_baseline),
-                },
-                "paper": None if group.paper is None else group.paper.__dict__,
+                "paired": _plain(group.paired),
+                "paper": _plain(group.paper),
             }
             for group in results.groups
         ],
@@ -292,7 +286,7 @@ def as_json(results: Results, figures: list[Path]) -> dict[str, Any]:
                 "reason": cell.reason,
             }
             for cell in results.cells
-        ],  # fmt: skip
+        ],
         "notes": method_notes(results),
         "figures": [str(path.relative_to(results.grid_dir / REPORT_DIR)) for path in figures],
     }

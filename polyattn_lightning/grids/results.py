@@ -341,7 +341,7 @@ def collect(grid_dir: Path) -> Results:
     use = report.get("use", "best")
     if metric is not None:
         cells = [_value(cell, metric, use) for cell in cells]
-    paper = paper_table(report["paper"]) if report.get("paper") else None
+    paper = paper_table(report["paper"], f"{grid_file}: report.paper") if report.get("paper") else None
     groups = _groups(cells, seeds, group_axes)
     _compare(groups, group_axes, baseline)
     if paper is not None and metric is not None and paper.compares_with(metric):
