@@ -162,6 +162,9 @@ def _figures(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path)
             f"{{kind: scale-sweep, x: scale, lines: length}}), got {figure!r}"
         )
     if kind == "bars":
+        given = [key for key in ("x", "lines") if options.get(key)]
+        if given:
+            raise ConfigError(f"{grid_file}: report.{given[0]} names an axis of figure: scale-sweep; figure is bars")
         return [FigureSpec("bars")]
     x = _axis(group_axes, options.get("x") or "scale", "figure x", grid_file).name
     lines = options.get("lines")

@@ -212,6 +212,7 @@ def test_no_finished_cell_still_writes_a_report(tmp_path, capsys):
         ({"metrc": "val/top1"}, r"unknown report key 'metrc' \(did you mean 'metric'\?\)"),
         ({"figure": "lines"}, r"report.figure must be one of bars, scale-sweep"),
         ({"figure": "scale-sweep"}, r"report.figure x: 'scale' is not an axis; axes: attention$"),
+        ({"x": "attention"}, r"report.x names an axis of figure: scale-sweep; figure is bars$"),
     ],
 )
 def test_bad_report_settings_are_one_line_errors(tmp_path, report, message):
