@@ -91,7 +91,7 @@ def _not_reported(key: str, quantity: str) -> PaperTable:
     return PaperTable(
         key,
         quantity,
-        f"{POLYNOMIAL_PAPER}: no numbers for this table were found in the paper's text (FACTS.md)",
+        f"{POLYNOMIAL_PAPER}: no numbers for this table were found in the paper",
         metric_suffix="",
     )
 

@@ -80,7 +80,12 @@ def _notes_cell(group: Group, results: Results) -> str:
     """The group's missing seeds with each cell's state (the reasons are listed below the table)."""
     if not group.missing:
         return ""
-    states = {cell.labels[results.seeds.name] if results.seeds else SINGLE_RUN: cell.status for cell in group.cells}
+    states = {
+        cell.labels[results.seeds.name] if results.seeds else SINGLE_RUN: (
+            cell.status if cell.status != "finished" else "finished without a usable value"
+        )
+        for cell in group.cells
+    }
     return "missing " + ", ".join(f"{seed} ({states[seed]})" for seed in group.missing)
 
 
@@ -142,8 +147,9 @@ def _use_words(results: Results) -> str:
 def method_notes(results: Results) -> list[str]:
     """What the numbers are and which defaults were taken, one sentence per note."""
     level = f"{LEVEL:.0%}"
+    metric = f"`{results.metric}`" if results.metric else "none yet (no cell finished and report.metric not set)"
     notes = [
-        f"Metric: `{results.metric}`, {_use_words(results)}"
+        f"Metric: {metric}, {_use_words(results)}"
         + (f"; higher is better (mode {results.mode})." if results.mode == "max" else "")
         + (f"; lower is better (mode {results.mode})." if results.mode == "min" else "")
         + ("." if results.mode not in ("max", "min") else ""),

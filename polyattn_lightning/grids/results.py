@@ -347,7 +347,7 @@ def collect(grid_dir: Path) -> Results:
     paper = paper_table(report["paper"], f"{grid_file}: report.paper") if report.get("paper") else None
     groups = _groups(cells, seeds, group_axes)
     _compare(groups, group_axes, baseline)
-    if paper is not None and metric is not None and paper.compares_with(metric):
+    if paper is not None and (metric is None or paper.compares_with(metric)):  # before any cell ends: the targets
         for group in groups:
             ran = [cell for cell in group.cells if cell.metrics is not None] or group.cells
             group.paper = paper.lookup(*_trained_model(ran[0]))

@@ -226,3 +226,24 @@ def test_bad_report_settings_are_one_line_errors(tmp_path, report, message):
 def test_a_folder_without_grid_json_is_refused(tmp_path):
     with pytest.raises(MissingPathError, match=r"no grid.json here; a grid's folder .* holds grid.json and cells/"):
         write_report(tmp_path)
+
+
+def test_a_diverged_cell_is_left_out_and_said(tmp_path, capsys):
+    cells = {f"{a}/seed{s}": metrics(0.9 - 0.01 * s) for a in ATTENTION[1] for s in (1, 2, 3)}
+    cells["relu/seed2"] = metrics(float("nan"))  # json writes NaN, as a diverged fit's metrics.json would hold
+    root = write_grid(tmp_path / "g", {"attention": ATTENTION, "seed": SEEDS}, {}, cells)
+    table = {row["group"]: row for row in rows(write_report(root) / "table.csv")}
+    assert (table["relu"]["n"], table["relu"]["missing"]) == ("2", "seed2")
+    assert float(table["relu"]["mean"]) == pytest.approx(0.88, abs=1e-15)
+    assert "not counted: relu/seed2: finished, but its best.value is nan (diverged?)" in capsys.readouterr().out
+    assert "missing seed2 (finished without a usable value)" in (root / "report/table.md").read_text()
+
+
+def test_paper_targets_show_before_any_cell_finishes(tmp_path):
+    attention = ("model.init_args.attention", {"softmax": "softmax", "poly3": {"name": "poly3", "scale": 1 / 14}})
+    models = ("model.init_args.model_name", {"swin_s": "swin_small_patch4_window7_224"})
+    root = write_grid(tmp_path / "g", {"model": models, "attention": attention, "seed": SEEDS},
+                      {"paper": "imagenet_top1"}, {})  # fmt: skip
+    table = {row["group"]: row for row in rows(write_report(root) / "table.csv")}
+    assert (table["swin_s/softmax"]["paper_reported"], table["swin_s/poly3"]["paper_reported"]) == ("83.3", "83.4")
+    assert table["swin_s/poly3"]["n"] == "0"
