@@ -51,7 +51,8 @@ class Axis:
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """``bars`` (always drawn) or ``scale-sweep``: the metric against axis ``x`` (log scale), a line per ``lines``."""
+    """``bars`` (always drawn) or ``scale-sweep``: the metric against axis ``x`` (log scale), a line per ``lines``
+    label (one line without it)."""
 
     kind: str
     x: str | None = None
@@ -148,29 +149,19 @@ def _settings(report: Mapping[str, Any], grid_file: Path) -> dict[str, Any]:
 
 
 def _figures(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path) -> list[FigureSpec]:
-    """Bars always; a scale sweep when ``figure`` says so (``figure: scale-sweep`` with ``x:``/``lines:`` beside it,
-    or ``figure: {kind: scale-sweep, x: ..., lines: ...}``; by default the axes named ``scale`` and ``length``). Both
-    are axes other than the seed's."""
+    """Bars always; with ``figure: scale-sweep`` also the sweep over the axes ``report.x`` and ``report.lines``
+    (by default the axes named ``scale`` and ``length``; both axes other than the seed's)."""
     figure = report.get("figure", "bars")
-    options = dict(figure) if isinstance(figure, Mapping) else {"kind": figure, "x": report.get("x")}
-    if not isinstance(figure, Mapping):
-        options["lines"] = report.get("lines")
-    kind = options.pop("kind", None)
-    if kind not in FIGURES or set(options) - {"x", "lines"}:
-        raise ConfigError(
-            f"{grid_file}: report.figure must be one of {', '.join(FIGURES)} (a scale sweep may name its axes: "
-            f"{{kind: scale-sweep, x: scale, lines: length}}), got {figure!r}"
-        )
-    if kind == "bars":
-        given = [key for key in ("x", "lines") if options.get(key)]
+    if figure not in FIGURES:
+        raise ConfigError(f"{grid_file}: report.figure must be one of {', '.join(FIGURES)}, got {figure!r}")
+    if figure == "bars":
+        given = [key for key in ("x", "lines") if report.get(key)]
         if given:
             raise ConfigError(f"{grid_file}: report.{given[0]} names an axis of figure: scale-sweep; figure is bars")
         return [FigureSpec("bars")]
-    x = _axis(group_axes, options.get("x") or "scale", "figure x", grid_file).name
-    lines = options.get("lines")
-    lines = _axis(group_axes, lines, "figure lines", grid_file).name if lines else None
-    if lines is None and any(axis.name == "length" for axis in group_axes):
-        lines = "length"
+    x = _axis(group_axes, report.get("x") or "scale", "x", grid_file).name
+    lines = report.get("lines") or ("length" if any(axis.name == "length" for axis in group_axes) else None)
+    lines = _axis(group_axes, lines, "lines", grid_file).name if lines else None
     return [FigureSpec("bars"), FigureSpec("scale-sweep", x, lines)]
 
 
@@ -215,36 +206,45 @@ def _baseline(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path
     return {name: str(label) for name, label in baseline.items()}
 
 
-def _read_cell(grid_dir: Path, entry: Mapping[str, Any]) -> Cell:
-    """The cell's state from its metrics.json (only "finished" counts); the reason it does not count otherwise."""
-    folder = grid_dir / entry["dir"]
-    cell = Cell(entry["name"], dict(entry["labels"]), dict(entry.get("settings") or {}), folder, "not started", None)
-    cell_file = folder / CELL_FILE
-    info = _read_json(cell_file, "cell file") if cell_file.is_file() else {}
-    log = folder / info.get("log", "cell.log")
-    log_hint = f"; log: {log.relative_to(grid_dir)}" if log.is_file() else ""
+def _state(folder: Path) -> tuple[str, str, dict[str, Any] | None]:
+    """A cell's state, why it does not count (empty when it finished) and its metrics.json: only a metrics.json
+    that says ``finished`` counts; a cell with attempts and no metrics.json is still running or was stopped before
+    its fit could write one."""
     metrics_file = folder / METRICS_FILE
     if not metrics_file.is_file():
-        attempts = info.get("attempts", 0)
-        if not attempts and not log_hint:
-            return replace(cell, status="not started", reason="not started (no metrics.json)")
-        return replace(
-            cell,
-            status="not finished",
-            reason=f"not finished: no metrics.json after {attempts} attempt(s) "
-            f"(still running, or killed before it could write one){log_hint}",
+        cell_file = folder / CELL_FILE
+        attempts = (_read_json(cell_file, "cell file") if cell_file.is_file() else {}).get("attempts", 0)
+        if not attempts:
+            return "not started", "not started (no metrics.json)", None
+        return (
+            "not finished",
+            (
+                f"not finished: no metrics.json after {attempts} attempt(s) (still running, or stopped before it could "
+                "write one)"
+            ),
+            None,
         )
     try:
         metrics = json.loads(metrics_file.read_text())
     except (OSError, ValueError) as error:
-        return replace(cell, status="unreadable", reason=f"metrics.json unreadable: {error}")
+        return "unreadable", f"metrics.json unreadable: {error}", None
     status = str(metrics.get("status"))
-    cell = replace(cell, status=status, metrics=metrics)
     if status == "failed":
-        return replace(cell, reason=f"failed: {metrics.get('error') or 'no error recorded'}{log_hint}")
+        return status, f"failed: {metrics.get('error') or 'no error recorded'}", metrics
     if status != "finished":
-        return replace(cell, reason=f"{status} (metrics.json status {status!r}): not finished{log_hint}")
-    return cell
+        return status, f"{status} (metrics.json status {status!r}): not finished", metrics
+    return status, "", metrics
+
+
+def _read_cell(grid_dir: Path, entry: Mapping[str, Any]) -> Cell:
+    """The cell as grid.json lists it, with its state; a cell that does not count names its log where it has one."""
+    folder = grid_dir / entry["dir"]
+    status, reason, metrics = _state(folder)
+    log = folder / "cell.log"
+    if reason and log.is_file():
+        reason += f"; log: {log.relative_to(grid_dir)}"
+    settings = dict(entry.get("settings") or {})
+    return Cell(entry["name"], dict(entry["labels"]), settings, folder, status, metrics, reason=reason or None)
 
 
 def _metric(report: Mapping[str, Any], cells: list[Cell], grid_file: Path) -> tuple[str | None, str | None]:

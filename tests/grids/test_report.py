@@ -211,7 +211,11 @@ def test_no_finished_cell_still_writes_a_report(tmp_path, capsys):
         ({"use": "mean"}, r"report.use must be one of best, last, final, got 'mean'"),
         ({"metrc": "val/top1"}, r"unknown report key 'metrc' \(did you mean 'metric'\?\)"),
         ({"figure": "lines"}, r"report.figure must be one of bars, scale-sweep"),
-        ({"figure": "scale-sweep"}, r"report.figure x: 'scale' is not an axis; axes: attention$"),
+        ({"figure": "scale-sweep"}, r"report.x: 'scale' is not an axis; axes: attention$"),
+        (
+            {"figure": "scale-sweep", "x": "attention", "lines": "seed"},
+            r"report.lines: 'seed' is not an axis; axes: attention$",
+        ),
         ({"x": "attention"}, r"report.x names an axis of figure: scale-sweep; figure is bars$"),
     ],
 )

@@ -21,7 +21,7 @@ LENGTHS = ("model.init_args.model_kwargs", {"256": {"patch_size": 1}, "64": {"pa
 SCALES = ("model.init_args.attention", {str(s): {"name": "poly3", "scale": s} for s in (0.01, 0.1, 1.0)})
 
 
-def sweep_grid(root, figure):
+def sweep_grid(root, report):
     """Figure 1's layout: 2 lengths x 3 scales x 3 seeds; the middle scale is best, the shorter length better."""
     cells = {
         f"{length}/{scale}/{seed}": metrics(
@@ -29,7 +29,7 @@ def sweep_grid(root, figure):
         )
         for length, scale, seed in itertools.product(LENGTHS[1], SCALES[1], SEEDS[1])
     }
-    return write_grid(root, {"length": LENGTHS, "scale": SCALES, "seed": SEEDS}, {"figure": figure}, cells)
+    return write_grid(root, {"length": LENGTHS, "scale": SCALES, "seed": SEEDS}, report, cells)
 
 
 def assert_png(path):
@@ -41,7 +41,7 @@ def assert_png(path):
 
 
 def test_figure_files_are_written_and_valid(tmp_path):
-    root = sweep_grid(tmp_path / "sweep", {"kind": "scale-sweep", "x": "scale", "lines": "length"})
+    root = sweep_grid(tmp_path / "sweep", {"figure": "scale-sweep", "x": "scale", "lines": "length"})
     folder = write_report(root)
     assert sorted(path.name for path in (folder / "figures").iterdir()) == ["bars.png", "scale-sweep.png"]
     for path in (folder / "figures").iterdir():
@@ -66,7 +66,7 @@ def test_bars_are_the_means_and_error_bars_the_intervals(tmp_path):
 
 
 def test_scale_sweep_draws_a_line_per_length_on_a_log_axis(tmp_path):
-    results = collect(sweep_grid(tmp_path / "sweep", "scale-sweep"))  # x and lines default to scale and length
+    results = collect(sweep_grid(tmp_path / "sweep", {"figure": "scale-sweep"}))  # x, lines: scale, length
     figure = scale_sweep_figure(results, results.figures[1])
     (ax,) = figure.axes
     assert ax.get_xscale() == "log"
@@ -88,7 +88,7 @@ def test_scale_sweep_needs_numbers_on_its_x_axis(tmp_path):
     root = write_grid(
         tmp_path / "g",
         {"attention": attention, "seed": SEEDS},
-        {"figure": {"kind": "scale-sweep", "x": "attention"}},
+        {"figure": "scale-sweep", "x": "attention"},
         cells,
     )
     with pytest.raises(ConfigError, match=r"axis 'attention' needs positive numbers \(log axis\); label 'softmax'"):
