@@ -250,7 +250,7 @@ def _read_cell(grid_dir: Path, entry: Mapping[str, Any]) -> Cell:
 def _metric(report: Mapping[str, Any], cells: list[Cell], grid_file: Path) -> tuple[str | None, str | None]:
     """The report's metric (``report.metric``, else the cells' monitored metric) and its mode (max/min)."""
     finished = [cell for cell in cells if cell.status == "finished"]
-    monitors = {str(cell.metrics.get("monitor")): cell.name for cell in finished}
+    monitors = {cell.metrics["monitor"]: cell.name for cell in finished if cell.metrics.get("monitor")}
     modes = {cell.metrics.get("mode") for cell in finished} - {None}
     mode = modes.pop() if len(modes) == 1 else None
     metric = report.get("metric")
@@ -259,6 +259,11 @@ def _metric(report: Mapping[str, Any], cells: list[Cell], grid_file: Path) -> tu
         if len(monitors) > 1:
             named = ", ".join(f"{name} monitors {monitor}" for monitor, name in monitors.items())
             raise ConfigError(f"{grid_file}: the cells monitor different metrics ({named}); set report.metric")
+        if finished and not monitors:
+            raise ConfigError(
+                f"{grid_file}: the cells' metrics.json name no monitored metric; set report.metric "
+                "and report.use: final"
+            )
         return (next(iter(monitors)) if monitors else None), mode
     if use in ("best", "last"):
         other = {monitor: name for monitor, name in monitors.items() if monitor != metric}

@@ -21,7 +21,7 @@ def metrics(value: float, status: str = "finished", monitor: str = "val/top1", *
         "mode": "max",
         "best": {"value": value, "step": 120, "epoch": 3, "checkpoint": "checkpoints/best.ckpt"},
         "last": {"value": value - 0.001, "step": 150, "epoch": 4},
-        "metrics": {monitor: value - 0.001, "val/loss": 1.0 - value, "test/top1": value - 0.002},
+        "metrics": {"val/top1": value - 0.001, "val/loss": 1.0 - value, "test/top1": value - 0.002},
         "chance": {"rate": 0.1, "source": "majority class of the validation split"},
         "at_chance": False,
         "steps": 150,

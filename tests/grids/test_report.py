@@ -251,3 +251,14 @@ def test_paper_targets_show_before_any_cell_finishes(tmp_path):
     table = {row["group"]: row for row in rows(write_report(root) / "table.csv")}
     assert (table["swin_s/softmax"]["paper_reported"], table["swin_s/poly3"]["paper_reported"]) == ("83.3", "83.4")
     assert table["swin_s/poly3"]["n"] == "0"
+
+
+def test_cells_without_a_monitored_metric_need_report_metric(tmp_path):
+    cells = {f"{a}/seed{s}": metrics(0.9, monitor=None, best=None, last=None) for a in ATTENTION[1] for s in (1, 2, 3)}
+    root = write_grid(tmp_path / "g", {"attention": ATTENTION, "seed": SEEDS}, {}, cells)
+    with pytest.raises(ConfigError, match=r"name no monitored metric; set report.metric and report.use: final$"):
+        write_report(root)
+    root = write_grid(tmp_path / "h", {"attention": ATTENTION, "seed": SEEDS}, {"metric": "val/loss", "use": "final"},
+                      cells)  # fmt: skip
+    table = {row["group"]: row for row in rows(write_report(root) / "table.csv")}
+    assert float(table["relu"]["mean"]) == pytest.approx(0.1, abs=1e-12)  # val/loss = 1 - 0.9
