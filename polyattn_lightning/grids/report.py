@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .figures import draw_figures
-from .results import SINGLE_RUN, Group, Results, collect
+from .results import SINGLE_RUN, Cell, Group, Results, collect
 from .stats import LEVEL, Summary
 
 REPORT_DIR = "report"
@@ -76,17 +76,28 @@ def _paper_cell(group: Group, results: Results) -> str:
     return f"{group.paper.reported:g} {group.paper.unit} ({group.paper.model}, {group.paper.activation})"
 
 
+def _seed(cell: Cell, results: Results) -> str:
+    return cell.labels[results.seeds.name] if results.seeds else SINGLE_RUN
+
+
 def _notes_cell(group: Group, results: Results) -> str:
-    """The group's missing seeds with each cell's state (the reasons are listed below the table)."""
-    if not group.missing:
-        return ""
-    states = {
-        cell.labels[results.seeds.name] if results.seeds else SINGLE_RUN: (
-            cell.status if cell.status != "finished" else "finished without a usable value"
-        )
-        for cell in group.cells
-    }
-    return "missing " + ", ".join(f"{seed} ({states[seed]})" for seed in group.missing)
+    """The group's missing seeds with each cell's state (the reasons are listed below the table), and the counted
+    seeds whose metrics.json says the run stayed at chance."""
+    notes = []
+    if group.missing:
+        states = {
+            _seed(cell, results): cell.status if cell.status != "finished" else "finished without a usable value"
+            for cell in group.cells
+        }
+        notes.append("missing " + ", ".join(f"{seed} ({states[seed]})" for seed in group.missing))
+    at_chance = [_seed(cell, results) for cell in group.cells if cell.value is not None and _at_chance(cell)]
+    if at_chance:
+        notes.append(f"at chance: {', '.join(at_chance)}")
+    return "; ".join(notes)
+
+
+def _at_chance(cell: Cell) -> bool:
+    return bool((cell.metrics or {}).get("at_chance"))
 
 
 def _escape(text: str) -> str:
@@ -168,6 +179,11 @@ def method_notes(results: Results) -> list[str]:
     notes += results.notes
     if results.chance is not None:
         notes.append(f"Chance: {results.chance:g} (the cells' metrics.json chance rate), dashed in the figures.")
+    if any(cell.value is not None and _at_chance(cell) for cell in results.cells):
+        notes.append(
+            "At chance: the seeds whose metrics.json says `at_chance` (the best accuracy within noise of the chance "
+            "rate: the run learned nothing measurable) count like the others and are named in the notes column."
+        )
     if results.paper is not None:
         if results.metric is not None and not results.paper.compares_with(results.metric):
             notes.append(

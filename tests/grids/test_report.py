@@ -37,7 +37,7 @@ def digits_grid(tmp_path):
         "poly3-scaled/seed1": metrics(0.95),
         "poly3-scaled/seed2": metrics(0.40, status="interrupted"),
         "poly3-scaled/seed3": metrics(0.99),
-        "relu/seed1": metrics(0.80),
+        "relu/seed1": metrics(0.80, at_chance=True),
         "relu/seed2": metrics(0.10, status="failed", error="RuntimeError: loss is nan"),
         "relu/seed3": None,
     }
@@ -95,7 +95,8 @@ def test_missing_and_unfinished_seeds_are_said_out_loud(digits_grid, capsys):
     poly3_row = next(line for line in table.splitlines() if line.startswith("| poly3-scaled |"))
     assert "missing seed2 (interrupted)" in poly3_row
     relu_row = next(line for line in table.splitlines() if line.startswith("| relu |"))
-    assert "missing seed2 (failed), seed3 (not started)" in relu_row
+    assert "missing seed2 (failed), seed3 (not started); at chance: seed1" in relu_row
+    assert "at chance" not in poly3_row and "At chance: the seeds whose metrics.json says `at_chance`" in table
     assert "n=1: no interval" in relu_row and "one pair: no interval" in relu_row
     assert "Not counted (3 of 9 cells):" in table
     assert "- `poly3-scaled/seed2`: interrupted" in table
