@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .figures import draw_figures
-from .results import SINGLE_RUN, Cell, Group, Results, collect
+from .results import Cell, Group, Results, collect, seed_label
 from .stats import LEVEL, Summary
 
 REPORT_DIR = "report"
@@ -76,21 +76,19 @@ def _paper_cell(group: Group, results: Results) -> str:
     return f"{group.paper.reported:g} {group.paper.unit} ({group.paper.model}, {group.paper.activation})"
 
 
-def _seed(cell: Cell, results: Results) -> str:
-    return cell.labels[results.seeds.name] if results.seeds else SINGLE_RUN
-
-
 def _notes_cell(group: Group, results: Results) -> str:
     """The group's missing seeds with each cell's state (the reasons are listed below the table), and the counted
     seeds whose metrics.json says the run stayed at chance."""
     notes = []
     if group.missing:
         states = {
-            _seed(cell, results): cell.status if cell.status != "finished" else "finished without a usable value"
+            seed_label(cell, results.seeds): cell.status
+            if cell.status != "finished"
+            else "finished without a usable value"
             for cell in group.cells
         }
         notes.append("missing " + ", ".join(f"{seed} ({states[seed]})" for seed in group.missing))
-    at_chance = [_seed(cell, results) for cell in group.cells if cell.value is not None and _at_chance(cell)]
+    at_chance = [seed_label(cell, results.seeds) for cell in group.cells if cell.value is not None and _at_chance(cell)]
     if at_chance:
         notes.append(f"at chance: {', '.join(at_chance)}")
     return "; ".join(notes)

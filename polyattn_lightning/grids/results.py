@@ -358,22 +358,27 @@ def collect(grid_dir: Path) -> Results:
             group.paper = paper.lookup(*_trained_model(ran[0]))
     counted = [cell for cell in cells if cell.value is not None]
     return Results(
-        grid_dir,
-        str(grid.get("name", grid_dir.name)),
-        metric,
-        use,
-        mode,
-        axes,
-        seeds,
-        group_axes,
-        baseline,
-        cells,
-        groups,
-        figures,
-        paper,
-        _chance(counted, metric),
-        notes,
+        grid_dir=grid_dir,
+        name=str(grid.get("name", grid_dir.name)),
+        metric=metric,
+        use=use,
+        mode=mode,
+        axes=axes,
+        seeds=seeds,
+        group_axes=group_axes,
+        baseline=baseline,
+        cells=cells,
+        groups=groups,
+        figures=figures,
+        paper=paper,
+        chance=_chance(counted, metric),
+        notes=notes,
     )
+
+
+def seed_label(cell: Cell, seeds: Axis | None) -> str:
+    """The cell's label on the seed axis (:data:`SINGLE_RUN` in a grid without one)."""
+    return cell.labels[seeds.name] if seeds is not None else SINGLE_RUN
 
 
 def _groups(cells: list[Cell], seeds: Axis | None, group_axes: list[Axis]) -> list[Group]:
@@ -383,7 +388,7 @@ def _groups(cells: list[Cell], seeds: Axis | None, group_axes: list[Axis]) -> li
         key = tuple(cell.labels[axis.name] for axis in group_axes)
         group = groups.setdefault(key, Group(key, "/".join(key) or "all", []))
         group.cells.append(cell)
-        seed = cell.labels[seeds.name] if seeds is not None else SINGLE_RUN
+        seed = seed_label(cell, seeds)
         if cell.value is None:
             group.missing[seed] = cell.reason or cell.status
         else:
