@@ -47,6 +47,18 @@ def _clusters(results: Results) -> tuple[list[tuple[str, list[Group]]], int | No
     return list(clusters.items()), position, list(colour_axis.labels)
 
 
+def _draw_group(ax, x: float, width: float, group: Group, colour: str, label: str | None) -> None:
+    """One group at ``x``: its bar (the mean, the 95% interval as error bar), its seeds as dots, ``n`` at the foot,
+    the paper's number as a red cross."""
+    if group.summary is not None:
+        error = _half_width(group) or None
+        ax.bar(x, group.summary.mean, width, color=colour, alpha=0.75, label=label, yerr=error, capsize=4)
+        ax.plot([x] * len(group.values), list(group.values.values()), "o", color="black", markersize=3)
+    ax.annotate(f"n={len(group.values)}", (x, 0.01), xycoords=("data", "axes fraction"), ha="center", fontsize=7)
+    if group.paper is not None:
+        ax.plot(x, group.paper.value, "x", color="red", markersize=9, markeredgewidth=2, label="paper")
+
+
 def bars_figure(results: Results) -> Figure:
     """The groups' means with 95% intervals and seeds, and (with a baseline) the paired differences beside them."""
     clusters, colour_position, colour_labels = _clusters(results)
@@ -57,51 +69,23 @@ def bars_figure(results: Results) -> Figure:
     ax = axes[0]
     colours = {label: f"C{i}" for i, label in enumerate(colour_labels)}
     bar_width = 0.8 / max(1, len(colour_labels))
-    ticks, tick_labels, paper_drawn, legend_done = [], [], False, set()
-    for position, (name, members) in enumerate(clusters):
-        ticks.append(position)
-        tick_labels.append(name)
+    for position, (_, members) in enumerate(clusters):
         for slot, group in enumerate(members):
+            label = None if colour_position is None else group.key[colour_position]
+            colour = colours.get(label, BASELINE_COLOUR if group.is_baseline else "C0")
             x = position + (slot - (len(members) - 1) / 2) * bar_width
-            colour_label = None if colour_position is None else group.key[colour_position]
-            colour = colours.get(colour_label, BASELINE_COLOUR if group.is_baseline else "C0")
-            if group.summary is not None:
-                legend = colour_label if colour_label is not None and colour_label not in legend_done else None
-                legend_done.add(colour_label)
-                ax.bar(
-                    x,
-                    group.summary.mean,
-                    bar_width * 0.9,
-                    color=colour,
-                    alpha=0.75,
-                    label=legend,
-                    yerr=_half_width(group) or None,
-                    capsize=4,
-                    error_kw={"elinewidth": 1.2},
-                )
-                ax.plot([x] * len(group.values), list(group.values.values()), "o", color="black", markersize=3)
-            ax.annotate(
-                f"n={len(group.values)}", (x, 0.01), xycoords=("data", "axes fraction"), ha="center", fontsize=7
-            )
-            if group.paper is not None:
-                ax.plot(
-                    x,
-                    group.paper.value,
-                    "x",
-                    color="red",
-                    markersize=9,
-                    markeredgewidth=2,
-                    label=None if paper_drawn else "paper",
-                )
-                paper_drawn = True
+            _draw_group(ax, x, bar_width * 0.9, group, colour, label)
     if results.chance is not None:
         ax.axhline(results.chance, color="0.3", linestyle="--", linewidth=1, label="chance")
-    ax.set_xticks(ticks, tick_labels, rotation=30 if len(ticks) > 6 else 0, ha="right" if len(ticks) > 6 else "center")
+    tilted = len(clusters) > 6
+    ax.set_xticks(range(len(clusters)), [name for name, _ in clusters], rotation=30 if tilted else 0,
+                  ha="right" if tilted else "center")  # fmt: skip
     ax.set_ylabel(_label(results))
     ax.set_title(f"{results.name}: mean, 95% t interval over seeds, seeds as dots", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
-    if colour_labels or paper_drawn or results.chance is not None:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    handles = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # one entry per label
+    if handles:
+        ax.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if compared:
         _differences(axes[1], compared, results)
     return fig
@@ -112,8 +96,7 @@ def _differences(ax, compared: list[Group], results: Results) -> None:
     rows = list(range(len(compared)))[::-1]
     for row, group in zip(rows, compared):
         summary = group.paired.summary
-        xerr = None if summary.half_width is None else summary.half_width
-        ax.errorbar(summary.mean, row, xerr=xerr, fmt="o", color="C3", capsize=4)
+        ax.errorbar(summary.mean, row, xerr=summary.half_width, fmt="o", color="C3", capsize=4)
         ax.annotate(
             f"n={summary.n}", (summary.mean, row), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7
         )
