@@ -1,5 +1,5 @@
 """A small image folder a new user might bring: circles, squares and triangles drawn at random sizes, places and
-colours, as PNG files in ``train/<class>/`` and ``val/<class>/`` (60 images at 32 px by default).
+colours on a white background, as PNG files in ``train/<class>/`` and ``val/<class>/`` (60 images at 32 px by default).
 
 On ``sys.path`` for the tests (``import shapes_folder``); also a command, for the README's evidence runs:
 ``python tests/shapes_folder.py DIR``.
@@ -17,13 +17,12 @@ SHAPES = ("circle", "square", "triangle")
 
 
 def draw_shape(shape: str, size: int, rng: np.random.Generator) -> Image.Image:
-    """One ``size`` px RGB image: ``shape`` of a random side (40-80% of the image) at a random place, in a random
-    colour on a random background colour at least 100 apart (sum over the channels), so the shape is always seen."""
-    background = rng.integers(0, 256, 3)
+    """One ``size`` px RGB image: ``shape`` of a random side (40-80% of the image) at a random place, on white, in a
+    random colour at least 150 from white (sum over the channels), so the shape is always seen."""
     colour = rng.integers(0, 256, 3)
-    while np.abs(colour - background).sum() < 100:
+    while 3 * 255 - colour.sum() < 150:
         colour = rng.integers(0, 256, 3)
-    image = Image.new("RGB", (size, size), tuple(int(c) for c in background))
+    image = Image.new("RGB", (size, size), (255, 255, 255))
     side = int(rng.integers(int(0.4 * size), int(0.8 * size) + 1))
     x, y = (int(v) for v in rng.integers(0, size - side + 1, 2))
     box = (x, y, x + side - 1, y + side - 1)

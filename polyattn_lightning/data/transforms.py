@@ -83,7 +83,7 @@ def build_transform(img_size: int, train: bool, recipe: AugmentRecipe):
         auto_augment=recipe.auto_augment,
         re_prob=recipe.re_prob,
         re_mode=recipe.re_mode,
-        color_jitter=recipe.color_jitter,
+        color_jitter=recipe.color_jitter or None,  # 0: no ColorJitter step at all, rather than one that does nothing
         scale=recipe.scale,
         hflip=recipe.hflip,
     )
