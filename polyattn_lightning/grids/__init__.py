@@ -1,0 +1,10 @@
+"""Experiment grids: a base config and axes of CLI settings, one ``fit`` per cell, resumable, then the report.
+
+:mod:`.spec` reads a grid file into its cells; :mod:`.folder` is the grid's folder and each cell's state;
+:mod:`.local` runs the cells on this machine. ``polyattn grid`` (``commands/grid.py``) drives them.
+"""
+
+from .folder import CellState, Job, cell_state
+from .spec import Cell, GridSpec, cells, read_grid
+
+__all__ = ["Cell", "CellState", "GridSpec", "Job", "cell_state", "cells", "read_grid"]
