@@ -288,7 +288,8 @@ def job(spec: GridSpec, folder: Path, cell: Cell, state: CellState) -> Job | Non
     directory = cell_dir(folder, cell)
     argv = cell_command(spec, cell, directory)
     if state.state == INTERRUPTED:
-        return Job(cell, directory, [*argv, f"--ckpt_path={state.checkpoint}"], state.checkpoint)
+        checkpoint = state.checkpoint.absolute()
+        return Job(cell, directory, [*argv, f"--ckpt_path={checkpoint}"], checkpoint)
     return Job(cell, directory, argv)
 
 

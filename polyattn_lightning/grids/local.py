@@ -148,7 +148,7 @@ class LocalLauncher:
             self.log.say(f"finished {name} in {took}")
         elif state.state == FAILED:
             tail = "\n".join(f"    {line}" for line in last_lines(log_path, TAIL_LINES))
-            self.log.say(f"FAILED {name} after {took} (exit status {exit_code}; {state.detail}); its log ends:\n{tail}")
+            self.log.say(f"FAILED {name} after {took}: {state.detail}; its log ends:\n{tail}")
         else:
             self.log.say(f"interrupted {name} after {took}: {state.detail or state.state}")
         return name, state
@@ -186,7 +186,9 @@ class LocalLauncher:
         parts = []
         for name, (_, started, log_path) in running.items():
             last = last_lines(log_path, 1)
-            parts.append(f"{name} {duration(time.monotonic() - started)}" + (f" [{shorten(last[0], 100)}]" if last else ""))
+            parts.append(
+                f"{name} {duration(time.monotonic() - started)}" + (f" [{shorten(last[0], 100)}]" if last else "")
+            )
         waiting = total - done - len(running)
         self.log.say(f"{done} of {total} cells ended, {waiting} waiting; running: " + "; ".join(parts))
 
