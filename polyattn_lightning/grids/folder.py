@@ -44,7 +44,8 @@ CELL_JSON, CELL_LOG, METRICS = "cell.json", "cell.log", "metrics.json"
 GRIDS_DIR = Path("runs") / "grids"
 #: A cell's states.
 FINISHED, INTERRUPTED, FAILED, RUNNING, NOT_STARTED = "finished", "interrupted", "failed", "running", "not started"
-#: Exit statuses of a process stopped by Ctrl-C: the project's 130, or Python's death by SIGINT before it handled it.
+#: Exit statuses of a process stopped from outside: Ctrl-C (the project's 130, or Python's death by SIGINT before the
+#: fit handled it), a kill (a second Ctrl-C, the out-of-memory killer).
 INTERRUPTED_EXITS = (128 + signal.SIGINT, -signal.SIGINT, -signal.SIGKILL, -signal.SIGTERM)
 
 
@@ -144,18 +145,18 @@ def prepare(folder: Path, spec: GridSpec, cells: list[Cell]) -> None:
 
 def difference(saved: dict, record: dict) -> str:
     """What first differs between two grid records, in a few words."""
-    for key in ("name", "base", "args", "axes", "zip"):
+    old_axes = {axis["name"]: axis for axis in saved.get("axes", [])}
+    for axis in record["axes"]:
+        old = old_axes.get(axis["name"])
+        if old is None:
+            return f"no axis {axis['name']}"
+        if old != axis:
+            what = "labels" if old["labels"] != axis["labels"] else "key or values"
+            return f"its axis {axis['name']} has other {what}: {', '.join(old['labels'])}"
+    for key in ("name", "base", "args", "axes", "zip", "report", "launcher"):
         if saved.get(key) != record.get(key):
-            return f"its {key} differ" if key.endswith("s") else f"its {key} differs"
-    old, new = [cell["name"] for cell in saved.get("cells", [])], [cell["name"] for cell in record["cells"]]
-    added, gone = [n for n in new if n not in old], [n for n in old if n not in new]
-    if added or gone:
-        return "its cells differ: " + "; ".join(
-            part
-            for part in (f"new {', '.join(added[:3])}" if added else "", f"gone {', '.join(gone[:3])}" if gone else "")
-            if part
-        )
-    return "its report or launcher settings differ"
+            return f"its {key} setting differs" if key != "axes" else "its axes differ"
+    return "another schema"
 
 
 # ---- a cell's state ------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_a_rerun_keeps_the_attempts_and_another_grid_is_refused_untouched(grid, 
     with pytest.raises(ConfigError) as error:
         prepare(folder, other, cells(other))
     assert str(error.value) == (
-        f"{folder} holds another grid (its axes differ): nothing was changed; give this grid another folder "
+        f"{folder} holds another grid (its axis seed has other labels: seed1, seed2): nothing was changed; give this grid another folder "
         f"(--out DIR), or delete {folder}"
     )
     assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
