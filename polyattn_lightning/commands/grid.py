@@ -97,16 +97,7 @@ def run(args) -> int:
     prepare(folder, spec, grid_cells)
     log = GridLog(folder)
     log.say(f"grid {spec.name}: {len(grid_cells)} cells in {folder} ({spec.path})")
-    jobs, skipped = [], 0
-    for cell in grid_cells:
-        state = cell_state(cell_dir(folder, cell))
-        if state.state in (FINISHED, RUNNING):
-            skipped += 1
-            log.say(f"skipped {cell.name}: {state.detail}")
-            continue
-        if state.state == FAILED and (aside := set_aside(cell_dir(folder, cell))) is not None:
-            log.say(f"{cell.name} {state.detail}: what it wrote is kept in {aside}; it starts again")
-        jobs.append(job(spec, folder, cell, state))
+    jobs, skipped = plan(spec, grid_cells, folder, log)
     settings = {**spec.launcher.get(args.launcher, {}), "parallel": args.parallel}
     launched = importlib.import_module(launcher).launch(jobs, log, settings)
     states = [state.state for state in launched.states.values()]
@@ -123,7 +114,10 @@ def run(args) -> int:
             f"{count} {what}" for what, count in counts.items() if count or what in ("done", "failed", "skipped")
         )
     )
-    rerun = shlex.join(["polyattn", "grid", str(args.grid), "--out", str(folder), "--parallel", str(args.parallel)])
+    launcher_args = ["--launcher", args.launcher] if args.launcher != "local" else []
+    rerun = shlex.join(
+        ["polyattn", "grid", str(args.grid), "--out", str(folder), *launcher_args, "--parallel", str(args.parallel)]
+    )
     if launched.stopped:
         log.say(f"stopped by Ctrl-C; to go on, run again: {rerun}")
         return EXIT_INTERRUPTED
@@ -134,6 +128,22 @@ def run(args) -> int:
         )
         return 1
     return 0
+
+
+def plan(spec, grid_cells, folder: Path, log: GridLog) -> tuple[list, int]:
+    """The jobs of this run (each cell by its state: skipped, resumed, started again or started) and the number of
+    cells skipped; a failed cell's files are set aside first."""
+    jobs, skipped = [], 0
+    for cell in grid_cells:
+        state = cell_state(cell_dir(folder, cell))
+        if state.state in (FINISHED, RUNNING):
+            skipped += 1
+            log.say(f"skipped {cell.name}: {state.detail}")
+            continue
+        if state.state == FAILED and (aside := set_aside(cell_dir(folder, cell))) is not None:
+            log.say(f"{cell.name} {state.detail}: what it wrote is kept in {aside}; it starts again")
+        jobs.append(job(spec, folder, cell, state))
+    return jobs, skipped
 
 
 def dry_run(spec, grid_cells, folder: Path) -> int:
