@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.base import available_cpus
 from .folder import CELL_LOG, FAILED, FINISHED, CellState, GridLog, Job, cell_state, end_attempt, now, start_attempt
 
 #: Seconds between two heartbeat lines while cells run.
@@ -41,13 +42,10 @@ class Launched:
     stopped: bool = False
 
 
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def thread_env(parallel: int) -> dict[str, str]:
-    """The environment of a cell's process: this one's, with ``cores // parallel`` threads (at least one)."""
-    threads = str(max(1, available_cores() // max(1, parallel)))
+    """The environment of a cell's process: this one's, with ``cores // parallel`` threads (at least one; the cores
+    this process may run on)."""
+    threads = str(max(1, available_cpus(cap=None) // max(1, parallel)))
     return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
 
 
