@@ -176,3 +176,12 @@ def test_a_failing_cell_is_reported_with_its_last_log_lines_and_the_others_finis
     assert "must be less than or equal to the number of the training batches" in output
     assert "grid digits: 1 done, 1 failed, 0 skipped" in output
     assert json.loads((tmp_path / "out" / "cells" / "val10" / "metrics.json").read_text())["status"] == "finished"
+
+
+def test_report_of_a_folder_that_holds_no_grid_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["grid", "report", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: {tmp_path}: no grid.json: expected the folder of a grid `polyattn grid` ran"
+    )
