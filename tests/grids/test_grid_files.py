@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from polyattn_lightning.attention import get_activation
+from polyattn_lightning.grids.paper import PAPERS
+from polyattn_lightning.grids.results import FIGURES, REPORT_KEYS, USES
 from training_helpers import CONFIGS, GRIDS, config_piece, grid_cells, parsed_config, setting_args
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -110,3 +112,32 @@ def test_the_small_variants_are_the_documented_layouts():
     ]
     _, _, figure = grid_cells(GRIDS / "digits_figure1.yaml")
     assert {labels["length"] for _, labels, _ in figure} == {"256", "64", "16", "8"} and len(figure) == 28
+
+
+@pytest.mark.parametrize("grid", GRID_FILES, ids=lambda p: str(p.relative_to(GRIDS)))
+def test_report_settings_are_the_reports(grid: Path):
+    """The report keys a grid gives are the report's own, its paper table one the report knows, and the seed,
+    baseline and figure axes axes of the grid."""
+    raw = yaml.safe_load(grid.read_text())
+    report = raw["report"]
+    assert set(report) <= set(REPORT_KEYS) and report.get("use", "best") in USES
+    assert report.get("figure", "bars") in FIGURES
+    assert "paper" not in report or report["paper"] in PAPERS
+    axes = raw["axes"]
+    assert all(report[key] in axes for key in ("seeds", "x", "lines") if key in report)
+    for axis, label in (report.get("baseline") or {}).items():
+        assert str(label) in {str(value) for value in axes[axis]["values"]}
+
+
+def test_imagenet_table_cells_stand_beside_the_papers_numbers():
+    """The paper's ImageNet numbers are found for exactly the cells it reports: softmax and x^3 at 1/14 of ViT-S/B,
+    Swin-S/B and XCiT-S12 (DeiT's and XCiT-M24's not given, x "performs poorly")."""
+    _, _, cells = grid_cells(GRIDS / "imagenet_table2.yaml")
+    table = PAPERS["imagenet_top1"]
+    found = {
+        name
+        for name, _, settings in cells
+        if table.lookup(settings["model.init_args.model_name"], settings["model.init_args.attention"]) is not None
+    }
+    models = ("vit_small", "vit_base", "swin_small", "swin_base", "xcit_small_12")
+    assert found == {f"{model}/{attention}/seed0" for model in models for attention in ("softmax", "poly3-14")}
