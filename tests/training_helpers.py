@@ -6,7 +6,6 @@ torchrun workers), so any test directory imports it as ``training_helpers``.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from polyattn_lightning.cli.prechecks import yaml_references
 from polyattn_lightning.attention import get_activation
 from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import SafeCheckpointIO
+from polyattn_lightning.grids.spec import cells, parsed, read_grid
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: the classification quickstart, the config most tests run shrunk
@@ -37,49 +37,16 @@ GRIDS = CONFIGS / "grids"
 
 
 def grid_cells(path: Path) -> tuple[Path, dict[str, Any], list[tuple[str, dict[str, str], dict[str, Any]]]]:
-    """The base config, the fixed settings and the cells ``(name, labels, settings)`` of the grid file ``path``, as
-    the grid design reads them: the product of the axes in their order, a ``zip`` group's axes moving together; a
-    cell's name is its labels joined by ``-`` within a group and by ``/`` between groups. (A reader for the tests
-    of the shipped grid files; the grid command's own reader is tested by its tests.)"""
-    raw = yaml.safe_load(path.read_text())
-    axes = {}
-    for name, axis in raw["axes"].items():
-        values = axis["values"]
-        if isinstance(values, dict):
-            labels, values = [str(label) for label in values], list(values.values())
-        else:
-            labels = [axis.get("label", "{}").format(value) for value in values]
-        axes[name] = (axis["key"], labels, values)
-    zipped = {name: group for group in raw.get("zip") or [] for name in group}
-    groups = []
-    for name in axes:
-        group = zipped.get(name, [name])
-        if group not in groups:
-            groups.append(group)
-    cells = []
-    for picks in itertools.product(*(range(len(axes[group[0]][1])) for group in groups)):
-        labels = {name: axes[name][1][i] for group, i in zip(groups, picks) for name in group}
-        settings = {axes[name][0]: axes[name][2][i] for group, i in zip(groups, picks) for name in group}
-        name = "/".join("-".join(labels[axis] for axis in group) for group in groups)
-        cells.append((name, labels, settings))
-    return (path.parent / raw["base"]).resolve(), dict(raw.get("args") or {}), cells
-
-
-class ParseOnlyCLI(cli.PolyattnCLI):
-    """The CLI up to its checks before any model is built (parsed, pre-checked), nothing instantiated."""
-
-    def instantiate_classes(self) -> None:
-        pass
+    """The base config, the fixed settings and the cells ``(name, labels, settings)`` of the grid file ``path``, read
+    and checked by the grid command's own reader."""
+    spec = read_grid(path)
+    return spec.base, spec.args, [(cell.name, cell.labels, cell.settings) for cell in cells(spec)]
 
 
 def parsed_config(*args: str):
-    """The config ``fit`` would run with ``args``: parsed and pre-checked, nothing built."""
-    return cli.make_cli(list(args), run=False, cli_class=ParseOnlyCLI).config
-
-
-def setting_args(settings: dict[str, Any]) -> list[str]:
-    """Settings as command-line arguments: ``--key=value``, a value that is not a string as JSON."""
-    return [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in settings.items()]
+    """The config ``fit`` would run with ``args``: parsed and pre-checked as the grid command checks a cell, nothing
+    built."""
+    return parsed(list(args), "the test's command line")
 
 
 def run_commands(cwd: Path, *argvs: list[str], timeout: int = 900) -> list[dict]:

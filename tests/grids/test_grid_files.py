@@ -12,7 +12,8 @@ import yaml
 from polyattn_lightning.attention import get_activation
 from polyattn_lightning.grids.paper import PAPERS
 from polyattn_lightning.grids.results import FIGURES, REPORT_KEYS, USES
-from training_helpers import CONFIGS, GRIDS, config_piece, grid_cells, parsed_config, setting_args
+from polyattn_lightning.grids.spec import settings_args
+from training_helpers import CONFIGS, GRIDS, config_piece, grid_cells, parsed_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -67,9 +68,9 @@ def test_every_cell_parses_with_its_settings(request, tmp_path, monkeypatch, gri
     monkeypatch.chdir(tmp_path)
     base, args, cells = grid_cells(grid)
     assert base.is_file() and base.is_relative_to(CONFIGS)
-    fixed = [*setting_args(args), *data_root_args(request, base, args, tmp_path)]
+    fixed = [*settings_args(args), *data_root_args(request, base, args, tmp_path)]
     for name, _, settings in distinct_runs(cells):
-        config = parsed_config("--config", str(base), *fixed, *setting_args(settings))
+        config = parsed_config("--config", str(base), *fixed, *settings_args(settings))
         for key, value in settings.items():
             assert_set(config, key, value)
         assert name and not name.startswith("/") and ".." not in name
@@ -85,9 +86,9 @@ def test_imagenet_cells_are_their_models_base_configs(image_folder, tmp_path, mo
     data = [f"--data.root={image_folder}"]
     for name, labels, settings in distinct_runs(cells):
         attention = settings["model.init_args.attention"]
-        cell = parsed_config("--config", str(base), *data, *setting_args(settings))
+        cell = parsed_config("--config", str(base), *data, *settings_args(settings))
         own = CONFIGS / "classification" / "imagenet" / f"{labels['model']}.yaml"
-        alone = parsed_config("--config", str(own), *data, *setting_args({"model.init_args.attention": attention}))
+        alone = parsed_config("--config", str(own), *data, *settings_args({"model.init_args.attention": attention}))
         for config in (cell, alone):
             config.trainer.logger.init_args.name = None
         for key in ("model", "trainer", "data", "seed_everything"):

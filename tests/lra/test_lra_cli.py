@@ -20,9 +20,9 @@ from polyattn_lightning.cli.runs import activation_label
 from polyattn_lightning.data.lra import ListOpsSpec, PathfinderSpec
 from polyattn_lightning.data.lra.listops import default_root, write_dataset
 from polyattn_lightning.data.lra.snakes import write_dataset as write_pathfinder_set
+from polyattn_lightning.grids.spec import settings_args
 from polyattn_lightning.tasks import LRAModule
-from training_helpers import (GRIDS, built, experiment_configs, fit, grid_cells, named_pieces, runs_activation,
-                              setting_args)
+from training_helpers import GRIDS, built, experiment_configs, fit, grid_cells, named_pieces, runs_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -80,7 +80,7 @@ def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_ro
     monkeypatch.chdir(tmp_path)
     path, spec = LRA / f"{task}.yaml", TABLE4[attention]
     extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
-    run = built(path, "--data.root", str(tiny_roots[task]), *setting_args({"model.init_args.attention": spec}), *extra)
+    run = built(path, "--data.root", str(tiny_roots[task]), *settings_args({"model.init_args.attention": spec}), *extra)
     module, data, trainer = run.model, run.datamodule, run.trainer
     assert module.hparams.num_classes == data.num_classes and module.hparams.vocab_size == data.vocab_size
     data_class, batch, steps, warmup = RECIPE[task]
@@ -164,7 +164,7 @@ def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, caplog, t
     extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
     with caplog.at_level("INFO"):
         run = fit("--config", str(LRA / f"{task}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
-                  *setting_args({"model.init_args.attention": TABLE4[attention]}), "--trainer.max_steps", "2",
+                  *settings_args({"model.init_args.attention": TABLE4[attention]}), "--trainer.max_steps", "2",
                   "--trainer.val_check_interval", "2", *extra)
     assert run.trainer.global_step == 2
     # the chance level the README's claims are measured against, counted here sample by sample
