@@ -1,6 +1,7 @@
 """The per-activation experiment configs that became one base config per model and a grid per paper table: a path of
 an earlier release given to ``--config`` fails in one line that says which base config and settings make that run,
 and which grid holds its paper table; each replacement named exists and is the grid's own cell."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,6 +1,7 @@
 """The grid files shipped under configs/grids: every cell's command line parses as its ``fit`` would take it, each
 setting arrives where the grid says, the ImageNet grids' cells are their models' base configs, and the small
 variants are the layouts the docs report."""
+
 from __future__ import annotations
 
 from pathlib import Path
