@@ -12,7 +12,7 @@ import yaml
 
 from polyattn_lightning.attention import get_activation
 from polyattn_lightning.grids.paper import PAPERS
-from polyattn_lightning.grids.results import FIGURES, REPORT_KEYS, USES
+from polyattn_lightning.grids.spec import REPORT_FIGURES, REPORT_KEYS, REPORT_USES
 from polyattn_lightning.grids.spec import settings_args
 from training_helpers import CONFIGS, GRIDS, config_piece, grid_cells, parsed_config
 
@@ -122,8 +122,8 @@ def test_report_settings_are_the_reports(grid: Path):
     baseline and figure axes axes of the grid."""
     raw = yaml.safe_load(grid.read_text())
     report = raw["report"]
-    assert set(report) <= set(REPORT_KEYS) and report.get("use", "best") in USES
-    assert report.get("figure", "bars") in FIGURES
+    assert set(report) <= set(REPORT_KEYS) and report.get("use", "best") in REPORT_USES
+    assert report.get("figure", "bars") in REPORT_FIGURES
     assert "paper" not in report or report["paper"] in PAPERS
     axes = raw["axes"]
     assert all(report[key] in axes for key in ("seeds", "x", "lines") if key in report)
