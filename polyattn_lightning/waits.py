@@ -87,7 +87,8 @@ class Ticker:
 
 class Wait:
     """One long wait and what it says (the module docstring): ``what`` it is, ``why`` it takes time (said in the
-    first line), and for counted work its ``total`` in ``unit`` (``images``, ``expressions``)."""
+    first line), and for counted work its ``total`` in ``unit`` (``images``, ``expressions``); ``log_seconds``
+    between two status lines in the log (None: :data:`LOG_SECONDS`)."""
 
     def __init__(
         self,
@@ -95,13 +96,13 @@ class Wait:
         why: str = "",
         total: int | None = None,
         unit: str = "",
-        log_seconds: float = LOG_SECONDS,
+        log_seconds: float | None = None,
         stream: TextIO | None = None,
     ):
         self.what, self.why, self.total, self.unit = what, why, total, unit
-        self.log_seconds, self.stream = log_seconds, stream or sys.stderr
+        self.log_seconds, self.stream = LOG_SECONDS if log_seconds is None else log_seconds, stream or sys.stderr
         self.terminal = is_terminal(self.stream)
-        self.count, self.estimated = 0, False
+        self.count, self.estimated, self.shown = 0, False, False  # shown: a status in place on the terminal
         self._lock = threading.Lock()
         self._ticker: Ticker | None = None
         self.start = self.last_line = time.perf_counter()
@@ -135,8 +136,9 @@ class Wait:
             self._line(f"{self.what}: expected to take about {duration(seconds)} ({basis})")
 
     def _line(self, line: str, terminal: bool = True) -> None:
-        if self.terminal and terminal and talks():
+        if self.shown and terminal:
             self.stream.write("\r\033[K")  # the in-place status goes; the line stays above the next one
+            self.shown = False
         say(line, self.stream, terminal)
         self.last_line = time.perf_counter()
 
@@ -148,6 +150,7 @@ class Wait:
             if self.terminal and talks():
                 self.stream.write("\r\033[K" + status)
                 self.stream.flush()
+                self.shown = True
             if time.perf_counter() - self.last_line >= self.log_seconds:
                 self._line(status, terminal=not self.terminal)  # a terminal shows it in place already
 

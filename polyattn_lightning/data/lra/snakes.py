@@ -314,11 +314,12 @@ def write_dataset(
     all_labels = labels(spec, resolution)
     parallel = min(workers, -(-spec.num_images // spec.images_per_folder))
     wait = Wait(f"drawing {spec.num_images} pathfinder{resolution} images", total=spec.num_images, unit="images")
+    if progress:  # one image timed, for the estimate said first
+        started = time.perf_counter()
+        draw_image(resolution, difficulty, int(all_labels[0]), np.random.default_rng([spec.seed, resolution, 0]))
+        seconds = time.perf_counter() - started
     with staged_dir(root) as staging, wait if progress else contextlib.nullcontext():
         if progress:
-            started = time.perf_counter()
-            draw_image(resolution, difficulty, int(all_labels[0]), np.random.default_rng([spec.seed, resolution, 0]))
-            seconds = time.perf_counter() - started
             wait.estimate(
                 seconds * spec.num_images / parallel,
                 f"one image took {seconds:.3g} s; {parallel} worker process{'es' if parallel > 1 else ''}",
