@@ -144,7 +144,8 @@ def test_listops_generation_says_its_estimate_from_its_first_rate_then_counts(tm
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
-    """The ``train/loss`` TensorBoard holds, by the optimizer steps done after it (Lightning logs at the step before)."""
+    """The ``train/loss`` TensorBoard holds, by the optimizer steps done after it (Lightning logs at the step
+    before)."""
     events = EventAccumulator(str(run_dir))
     events.Reload()
     return {event.step + 1: event.value for event in events.Scalars("train/loss")}
@@ -155,8 +156,8 @@ def test_fit_without_a_bar_says_steps_and_a_heartbeat_in_run_log_and_output_and_
                    "--progress_lines.heartbeat_seconds", "0.2", "--trainer.log_every_n_steps", "1"]
     slow = '--trainer.callbacks+={"class_path": "training_helpers.SlowStep", "init_args": {"step": 5, "seconds": 1}}'
     fit = ["fit", "--config", "folder.yaml", *SHORT, *lines_every]
-    first, resumed = run(project, [*fit, slow],
-                         [*fit, "--trainer.max_epochs", "4", "--ckpt_path", str(RUNS / "version_0/checkpoints/last.ckpt")])
+    last = str(RUNS / "version_0/checkpoints/last.ckpt")
+    first, resumed = run(project, [*fit, slow], [*fit, "--trainer.max_epochs", "4", "--ckpt_path", last])
     assert first["rc"] == 0 and resumed["rc"] == 0, first["output"] + resumed["output"]
     run_dir = project / RUNS / "version_0"
     lines = messages(run_dir / RUN_LOG)
@@ -179,7 +180,7 @@ def test_fit_without_a_bar_says_steps_and_a_heartbeat_in_run_log_and_output_and_
     # Lightning's and the project's info lines, the first run's then the resumed one's
     where = [lines.index(line) for line in lines if line.startswith("fit: ")]
     assert lines[where[0]] == f"fit: writing logs, config and checkpoints/ to {RUNS / 'version_0'}"
-    assert lines[where[1]].startswith(f"fit: resuming {RUNS / 'version_0/checkpoints/last.ckpt'}")
+    assert lines[where[1]].startswith(f"fit: resuming {last}")
     assert where[0] == 0 and where[0] < steps[0][0] < steps[3][0] < where[1] < steps[4][0]
     assert "`Trainer.fit` stopped: `max_epochs=3` reached." in lines[steps[3][0]:where[1]]
     assert "`Trainer.fit` stopped: `max_epochs=4` reached." in lines[where[1]:]
