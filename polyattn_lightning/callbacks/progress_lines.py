@@ -26,6 +26,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..errors import ConfigError
 from ..waits import Ticker, duration, is_terminal, say
 
 
@@ -40,10 +41,19 @@ class ProgressLines(Callback):
         heartbeat_seconds: float = 30.0,
         always: bool = False,
     ):
-        if every_n_steps < 1 or every_seconds <= 0 or heartbeat_seconds <= 0:
-            raise ValueError(
-                f"ProgressLines: every_n_steps must be >= 1 and every_seconds, heartbeat_seconds > 0; got "
-                f"every_n_steps={every_n_steps}, every_seconds={every_seconds}, heartbeat_seconds={heartbeat_seconds}"
+        bad = {
+            name: value
+            for name, value, ok in (
+                ("every_n_steps", every_n_steps, every_n_steps >= 1),
+                ("every_seconds", every_seconds, every_seconds > 0),
+                ("heartbeat_seconds", heartbeat_seconds, heartbeat_seconds > 0),
+            )
+            if not ok
+        }
+        if bad:
+            raise ConfigError(
+                "progress_lines: every_n_steps must be >= 1, every_seconds and heartbeat_seconds > 0; got "
+                + ", ".join(f"{name}={value}" for name, value in bad.items())
             )
         self.every_n_steps, self.every_seconds = every_n_steps, every_seconds
         self.heartbeat_seconds, self.always = heartbeat_seconds, always
@@ -51,6 +61,7 @@ class ProgressLines(Callback):
         self._busy: str | None = None  # what runs now (a step, a validation), for the heartbeat
         self._busy_since = self._last_line = self._start = 0.0
         self._start_step = self._last_step = 0
+        self._total: int | float = float("inf")
 
     def active(self, trainer: pl.Trainer) -> bool:
         """Whether this run gets the lines: ``always``, no progress bar, or a stdout that is not a terminal."""
@@ -65,6 +76,7 @@ class ProgressLines(Callback):
             return
         self._start = self._last_line = time.perf_counter()
         self._start_step = self._last_step = trainer.global_step
+        self._total = trainer.estimated_stepping_batches  # inf where neither max_steps nor max_epochs bounds it
         self._ticker = Ticker(min(1.0, self.heartbeat_seconds / 2), self._heartbeat, name="polyattn-progress").start()
 
     def _stop(self) -> None:
@@ -107,8 +119,8 @@ class ProgressLines(Callback):
 
     def line(self, trainer: pl.Trainer, outputs: Any, step: int, now: float) -> str:
         """``train: step 120/1000 (epoch 3), loss 0.6931, 2.41 steps/s, about 6.1 min left``."""
-        total = trainer.estimated_stepping_batches
-        known = isinstance(total, int) or (isinstance(total, float) and total != float("inf"))
+        total = self._total
+        known = total != float("inf")
         text = f"train: step {step}{f'/{int(total)}' if known else ''} (epoch {trainer.current_epoch})"
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:

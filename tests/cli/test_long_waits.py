@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_ctrl_c import RUNS, SHORT
-from test_first_hour import project, run  # noqa: F401  (the fixture)
+from test_first_hour import assert_short_error, project, run  # noqa: F401  (the fixture)
 
 from polyattn_lightning import waits
 from polyattn_lightning.attention.kernels import cpp
@@ -157,8 +157,12 @@ def test_fit_without_a_bar_says_steps_and_a_heartbeat_in_run_log_and_output_and_
     slow = '--trainer.callbacks+={"class_path": "training_helpers.SlowStep", "init_args": {"step": 5, "seconds": 1}}'
     fit = ["fit", "--config", "folder.yaml", *SHORT, *lines_every]
     last = str(RUNS / "version_0/checkpoints/last.ckpt")
-    first, resumed = run(project, [*fit, slow], [*fit, "--trainer.max_epochs", "4", "--ckpt_path", last])
+    bad = ["fit", "--config", "folder.yaml", "--progress_lines.every_n_steps", "0",
+           "--progress_lines.every_seconds", "-1"]
+    first, resumed, refused = run(project, [*fit, slow], [*fit, "--trainer.max_epochs", "4", "--ckpt_path", last], bad)
     assert first["rc"] == 0 and resumed["rc"] == 0, first["output"] + resumed["output"]
+    assert_short_error(refused, "progress_lines: every_n_steps must be >= 1, every_seconds and heartbeat_seconds > 0; "
+                       "got every_n_steps=0, every_seconds=-1.0")
     run_dir = project / RUNS / "version_0"
     lines = messages(run_dir / RUN_LOG)
     step_line = re.compile(r"train: step (\d+)/(\d+) \(epoch (\d+)\), loss ([\d.e+-]+), [\d.e+]+ steps/s, "
