@@ -53,7 +53,9 @@ class PolyattnCLI(LightningCLI):
         """Parse, first reading :func:`~.ckpt_path.saved_run_config` in for ``validate``/``test``/``predict`` of a
         checkpoint given without a config; then, where the model's class renames init arguments (``renamed_args``),
         parse again with each deprecated key given on the command line read as its new one
-        (:func:`~.parser.renamed_options`), so it overrides that one field where the config sets the new key."""
+        (:func:`~.parser.renamed_options`), so it overrides that one field where the config sets the new key.
+        Lightning's warning about ``args`` given beside a command line stays out where those ``args`` are that
+        command line with the saved config added."""
         self.given_args = (
             [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
         )
@@ -64,7 +66,10 @@ class PolyattnCLI(LightningCLI):
                 f"{self.given_args[0]}: no --config given: using {saved}, the config of the checkpoint's run"
             )
             args = self.given_args = [self.given_args[0], "--config", str(saved), *self.given_args[1:]]
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            if saved is not None:  # the command line, completed here: not the mix of both that Lightning warns of
+                warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
         if not self.given_args:
             return
         subcommand = self.config.get("subcommand")

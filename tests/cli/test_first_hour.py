@@ -213,6 +213,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
         output = result["output"]
         assert result["rc"] == 0, output
         assert f"{verb}: no --config given: using {run_dir.relative_to(project)}/config.yaml" in output
+        assert "LightningCLI's args parameter" not in output  # the command line, with the config added: no warning
         assert f"to {Path('runs/classification/folder/version_0') / folder}\n" in output
     assert "test/top1" in results[6]["output"]
     again = torch.load(run_dir / "predict_last_2" / "predictions" / "rank0.pt", weights_only=True)
