@@ -7,7 +7,9 @@ elapsed time (and the count done, its rate and the time left, where the work is 
 rewritten in place every second; in the log, and on a stderr that is not a terminal, that status as a line every
 :data:`LOG_SECONDS` seconds; at the end, ``done in N s`` (or ``failed after N s``). Counted work expected to take
 longer than :data:`ESTIMATE_ABOVE` seconds says so before most of it runs: from its first second's rate, or from a
-measurement the caller gives (:meth:`Wait.estimate`).
+measurement the caller gives (:meth:`Wait.estimate`). A wait that is often short (indexing a folder, building a
+model) waits ``after`` seconds before its first line: one over by then says it, with how long it has run; one done
+earlier says nothing.
 
 Lines go to stderr and to the logger ``polyattn_lightning.waits``, whose records reach the run's ``run.log`` where
 the CLI added it (:mod:`polyattn_lightning.cli.run_log`). Only the process of rank 0 talks.
@@ -31,6 +33,8 @@ LOG_SECONDS = 10.0
 TERMINAL_SECONDS = 1.0
 #: Counted work expected to take longer than this many seconds says its estimate first.
 ESTIMATE_ABOVE = 60.0
+#: Seconds a wait that is often short (indexing a folder, building a model) stays quiet: its ``after``.
+QUIET_SECONDS = 2.0
 
 
 def talks() -> bool:
@@ -88,7 +92,8 @@ class Ticker:
 class Wait:
     """One long wait and what it says (the module docstring): ``what`` it is, ``why`` it takes time (said in the
     first line), and for counted work its ``total`` in ``unit`` (``images``, ``expressions``); ``log_seconds``
-    between two status lines in the log (None: :data:`LOG_SECONDS`)."""
+    between two status lines in the log (None: :data:`LOG_SECONDS`); ``after``: seconds before the first line (0: at
+    once; a wait over sooner says nothing)."""
 
     def __init__(
         self,
@@ -98,11 +103,13 @@ class Wait:
         unit: str = "",
         log_seconds: float | None = None,
         stream: TextIO | None = None,
+        after: float = 0.0,
     ):
         self.what, self.why, self.total, self.unit = what, why, total, unit
         self.log_seconds, self.stream = LOG_SECONDS if log_seconds is None else log_seconds, stream or sys.stderr
         self.terminal = is_terminal(self.stream)
         self.count, self.estimated, self.shown = 0, False, False  # shown: a status in place on the terminal
+        self.after, self.said = after, False  # said: the first line is out
         self._lock = threading.Lock()
         self._ticker: Ticker | None = None
         self.start = self.last_line = time.perf_counter()
@@ -142,8 +149,17 @@ class Wait:
         say(line, self.stream, terminal)
         self.last_line = time.perf_counter()
 
+    def _first_line(self) -> None:
+        since = f" (for {duration(self.elapsed())} so far)" if self.after > 0 else ""
+        self._line(f"{self.what}{f': {self.why}' if self.why else ''}{since}")
+        self.said = True
+
     def _tick(self) -> None:
         with self._lock:
+            if not self.said:
+                if self.elapsed() < self.after:
+                    return
+                self._first_line()
             if self.total and self.count and not self.estimated:
                 self.estimate(self.elapsed() * self.total / self.count, f"at the rate of the first {self.count}")
             status = self.status()
@@ -155,10 +171,14 @@ class Wait:
                 self._line(status, terminal=not self.terminal)  # a terminal shows it in place already
 
     def __enter__(self) -> Wait:
-        self._line(f"{self.what}{f': {self.why}' if self.why else ''}")
-        self._ticker = Ticker(min(TERMINAL_SECONDS, self.log_seconds), self._tick, name="polyattn-wait").start()
+        if self.after <= 0:
+            self._first_line()
+        interval = min(TERMINAL_SECONDS, self.log_seconds, *([self.after] if self.after > 0 else []))
+        self._ticker = Ticker(interval, self._tick, name="polyattn-wait").start()
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
         self._ticker.stop()
+        if not self.said:
+            return
         self._line(f"{self.what}: {'done in' if kind is None else 'failed after'} {duration(self.elapsed())}")

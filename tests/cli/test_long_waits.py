@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_ctrl_c import RUNS, SHORT
-from test_first_hour import assert_short_error, project, run  # noqa: F401  (the fixture)
+from test_first_hour import CLASSES, MODEL_KWARGS, assert_short_error, project, run, write_folder  # noqa: F401
 
 from polyattn_lightning import waits
 from polyattn_lightning.attention.kernels import cpp
 from polyattn_lightning.cli.run_log import RUN_LOG, run_log
+from polyattn_lightning.data.image_folder import ImageFolderDataModule
 from polyattn_lightning.data.lra import listops, snakes
+from polyattn_lightning.tasks.classification import ClassificationModule
 
 #: a line of run.log: its date, time, level and text
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (INFO|WARNING|ERROR) (.*)$")
@@ -48,6 +50,57 @@ def fast_waits(monkeypatch):
     monkeypatch.setattr(waits, "LOG_SECONDS", 0.05)
     monkeypatch.setattr(waits, "TERMINAL_SECONDS", 0.02)
     monkeypatch.setattr(waits, "ESTIMATE_ABOVE", 0.0)
+
+
+def until_logged(path: Path, text: str) -> None:
+    """Return once ``text`` is in the log file ``path`` (the work of a slowed wait lasts until its line is out)."""
+    deadline = time.monotonic() + 120
+    while not (path.is_file() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} never reached {path}"
+        time.sleep(0.01)
+
+
+def test_a_wait_that_is_often_short_says_nothing_when_short_and_once_it_lasts_what_it_does(tmp_path, monkeypatch,
+                                                                                            fast_waits, capsys):
+    with run_log(tmp_path / "run") as log_file:
+        with waits.Wait("short", after=60):
+            pass
+        with waits.Wait("long", why="it takes time", after=0.05):
+            until_logged(log_file, "long: it takes time")
+    lines = messages(log_file)
+    assert re.fullmatch(r"long: it takes time \(for [\d.]+ s so far\)", lines[0]), lines
+    assert re.fullmatch(r"long: done in [\d.]+ s", lines[-1]) and not any("short" in line for line in lines)
+    assert capsys.readouterr().err.splitlines() == lines
+
+
+def test_indexing_an_image_folder_and_building_a_model_say_so_once_they_last(tmp_path, monkeypatch, fast_waits):
+    monkeypatch.setattr(waits, "QUIET_SECONDS", 0.05)
+    root = write_folder(tmp_path / "imgs")
+    log_file = tmp_path / "run" / RUN_LOG
+    find_samples, build = ImageFolderDataModule.find_samples, ClassificationModule.build
+    indexing, building = f"ImageFolderDataModule: indexing the images under {root}", "ClassificationModule: building"
+
+    def slow_find_samples(self, folder):
+        until_logged(log_file, indexing)
+        return find_samples(self, folder)
+
+    def slow_build(self):
+        until_logged(log_file, building)
+        return build(self)
+
+    monkeypatch.setattr(ImageFolderDataModule, "find_samples", slow_find_samples)
+    monkeypatch.setattr(ClassificationModule, "build", slow_build)
+    with run_log(log_file.parent):
+        data = ImageFolderDataModule(root=str(root), img_size=16, batch_size=4, num_workers=0)
+        data.setup("fit")
+        model = ClassificationModule(model_name="vit_tiny_patch16_224", num_classes=3, img_size=16,
+                                     model_kwargs=MODEL_KWARGS, attention="poly3")
+    assert data.classes == list(CLASSES) and len(data.train_set) == 12 and model.built
+    lines = [line for line in messages(log_file) if line.startswith((indexing, building))]
+    for what in (indexing, building):
+        said = [line.removeprefix(what) for line in lines if line.startswith(what)]
+        assert re.fullmatch(r".* \(for [\d.]+ s so far\)", said[0]) and re.fullmatch(r".*: done in [\d.]+ s", said[-1])
+    assert lines[0].startswith(indexing) and lines[-1].startswith(building), lines
 
 
 def test_kernel_build_says_why_elapsed_in_place_and_in_the_log_then_how_long(tmp_path, monkeypatch, fast_waits):
