@@ -2,7 +2,8 @@
 the parsers' own text and cannot drift from them.
 
 Each command line runs in the build's process through ``polyattn_lightning.cli.main`` (the console script's entry
-point), with the program named ``polyattn`` and the help wrapped at 100 columns; a command that does not end with
+point), with the program named ``polyattn`` and the help wrapped at 100 columns (jsonargparse's backspace markers
+dropped); a command that does not end with
 status 0 is a build error naming it.
 """
 
@@ -40,7 +41,7 @@ def help_text(command: str) -> str:
             code = stop.code or 0
     if code != 0:
         raise RuntimeError(f"`polyattn {command}` exited with status {code}:\n{out.getvalue()}")
-    return out.getvalue().rstrip() + "\n"
+    return out.getvalue().replace("\b", "").rstrip() + "\n"  # jsonargparse marks some option names with a backspace
 
 
 class CLIHelp(SphinxDirective):
