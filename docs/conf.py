@@ -7,7 +7,6 @@ cross-reference must resolve). The API pages are written from the public package
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ sys.path.insert(0, str(DOCS.parent))  # the checkout's package, before an instal
 
 project = "polyattn_lightning"
 author = "the polyattn_lightning authors"
-copyright = "the polyattn_lightning authors, Apache-2.0"  # noqa: A001 - Sphinx's name
+copyright = "the polyattn_lightning authors, Apache-2.0"
 release = version = "0.1.0"
 
 extensions = [

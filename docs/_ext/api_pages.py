@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from docutils import nodes
 from docutils.statemachine import StringList
+from public_api import PublicName, data_docstring, home_path, public_names
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
-
-from public_api import PublicName, data_docstring, home_path, public_names
 
 #: The page's sections, in order: (title, kinds).
 SECTIONS = (("Classes", ("class",)), ("Exceptions", ("exception",)), ("Functions", ("function",)), ("Data", ("data",)))

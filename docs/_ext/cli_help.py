@@ -52,7 +52,7 @@ class CLIHelp(SphinxDirective):
         command = self.arguments[0]
         try:
             text = help_text(command)
-        except Exception as error:  # noqa: BLE001 - any failure of the command is the page's error
+        except Exception as error:
             raise self.error(f"cli-help: {error}") from error
         block = nodes.literal_block(text, text, language="text")
         caption = nodes.paragraph("", "", nodes.literal(f"polyattn {command}", f"polyattn {command}"))

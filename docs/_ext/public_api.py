@@ -56,9 +56,10 @@ def public_modules() -> tuple[str, ...]:
 
 
 def kind_of(obj) -> str:
+    """How a public name is documented; a type alias (``Callable[...]``, a ``Union``) is data, as it is assigned."""
     if inspect.isclass(obj):
         return "exception" if issubclass(obj, BaseException) else "class"
-    if callable(obj) and hasattr(obj, "__qualname__"):
+    if inspect.isroutine(obj):
         return "function"
     return "data"
 
@@ -132,3 +133,23 @@ def home_path(entry: PublicName) -> str:
         if other.key == entry.key and other.is_home:
             return other.path
     raise LookupError(entry.path)
+
+
+def py_names(inventory_bytes: bytes) -> set[str]:
+    """The Python object names of a built site's ``objects.inv``."""
+    from sphinx.util.inventory import InventoryFile
+
+    inventory = InventoryFile.loads(inventory_bytes, uri="")
+    return {name for kind, items in inventory.data.items() if kind.startswith("py:") for name in items}
+
+
+def undocumented(site_names: set[str]) -> dict[str, str]:
+    """Each public path the site does not document, with why: missing from the site's inventory, or (at its
+    home) without a docstring of its own. Empty: every public name is documented."""
+    missing = {}
+    for entry in public_names():
+        if entry.path not in site_names:
+            missing[entry.path] = "not in the site's objects.inv"
+        elif docstring(next(e for e in public_names() if e.key == entry.key and e.is_home)) is None:
+            missing[entry.path] = f"no docstring (documented at {home_path(entry)})"
+    return missing

@@ -19,10 +19,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+from public_api import PACKAGE, public_names
 from sphinx import addnodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
-
-from public_api import PACKAGE, public_names
 
 #: Roles whose targets are Python objects
 PY_ROLES = frozenset({"class", "exc", "func", "meth", "attr", "data", "obj", "mod", "const", "type"})

@@ -62,6 +62,7 @@ BACKENDS: dict[str, Backend] = {
         materialized.BACKEND,
     )
 }
+#: The backends ``kernel="auto"`` considers, in the order it tries them (a backend run only when named is left out).
 PRIORITY: tuple[str, ...] = tuple(name for name, backend in BACKENDS.items() if backend.in_auto)
 #: What ``attention(kernel=...)`` accepts.
 KERNELS: tuple[str, ...] = ("auto", *BACKENDS)
