@@ -136,7 +136,7 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         (f"{_PACKAGE}.tasks.base", name): (f"{_PACKAGE}.tasks.steps.convert", name)
         for name in ("CONVERSION_KEY", "from_deprecated_calibrate")
     },
-    (f"{_PACKAGE}.tasks.base", "as_dataclass"): (f"{_PACKAGE}.tasks.hparams", "as_dataclass"),
+    (f"{_PACKAGE}.tasks.base", "logits_evaluation"): (f"{_PACKAGE}.tasks.evaluation", "logits_evaluation"),
 }
 
 #: ``(old module, name) -> what replaced it``: names that have no new home (asking for one says what to do instead).

@@ -148,7 +148,8 @@ class PolyattnCLI(LightningCLI):
         trainer_config["callbacks"] = listed
         callbacks = [callback for key, callback in standard.items() if key not in merged.off]
         progress_bar = default_progress_bar(trainer_config, listed)
-        return self._instantiate_trainer(trainer_config, callbacks + ([progress_bar] if progress_bar else []))
+        # the bar first: it has stopped (and drawn its last frame) when the run summary prints, at teardown
+        return self._instantiate_trainer(trainer_config, ([progress_bar] if progress_bar else []) + callbacks)
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Say where the run writes, run it, then list what it wrote (:mod:`.console`). A run that fails before its

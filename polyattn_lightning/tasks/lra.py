@@ -21,7 +21,6 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
-from ..data.lra.base import majority_rate
 from ..models import LRAClassifier
 from .base import TaskModule
 from .evaluation import logits_evaluation
@@ -100,9 +99,9 @@ class LRAModule(TaskModule):
     def on_fit_start(self) -> None:
         """Log the majority-class rate of the validation and test splits: the chance level that ``val/top1`` and
         ``test/top1`` (and the README's "about 2x the majority-class rate") are measured against."""
-        datamodule = self.trainer.datamodule
-        rates = {split: majority_rate(getattr(datamodule, f"{split}_set", None)) for split in ("val", "test")}
-        shown = [f"{split} {rate:.1%} (class {label})" for split, (label, rate) in rates.items() if rates[split]]
+        chance_rate = getattr(self.trainer.datamodule, "chance_rate", None)  # a DataModule of this project's
+        rates = {split: chance_rate(split) if chance_rate else None for split in ("val", "test")}
+        shown = [f"{split} {rate.rate:.1%} (class {rate.label})" for split, rate in rates.items() if rate]
         if shown:
             rank_zero_info(
                 f"majority-class rate (top-1 of always answering the most frequent class): {', '.join(shown)}"

@@ -36,7 +36,7 @@ from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.models import LRAClassifier
 from polyattn_lightning.sharding import ShardedStrategy
 from polyattn_lightning.tasks import HFCausalLM, OptimRecipe, TaskModule, preparation
-from polyattn_lightning.tasks.base import logits_evaluation
+from polyattn_lightning.tasks import logits_evaluation
 from polyattn_lightning.tasks.best_checkpoint import BestCheckpointTest
 
 FAST = OptimRecipe(lr=3e-3, reference_batch=None, weight_decay=0.0, warmup_epochs=0.0, warmup_lr=1e-4, min_lr=1e-4)
@@ -375,3 +375,21 @@ def test_without_test_after_fit_nothing_is_tested_unless_the_trainer_is_given_th
     with pytest.warns(UserWarning, match="no best checkpoint was saved"):
         given.fit(Toy(), datamodule=ToyData())
     assert "test/top1" in given.callback_metrics
+
+
+@pytest.mark.parametrize(
+    "name, home",
+    [
+        ("from_deprecated_calibrate", "polyattn_lightning.tasks.steps.convert"),
+        ("logits_evaluation", "polyattn_lightning.tasks.evaluation"),
+    ],
+)
+def test_a_name_the_old_task_base_had_is_its_new_home_s_with_one_warning(name, home):
+    import importlib
+
+    from polyattn_lightning.tasks import base
+
+    with pytest.warns(FutureWarning, match=rf"tasks\.base\.{name} moved to {home}\.{name}") as caught:
+        value = getattr(base, name)
+    assert len([w for w in caught if w.category is FutureWarning]) == 1
+    assert value is getattr(importlib.import_module(home), name)
