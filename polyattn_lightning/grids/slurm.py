@@ -1,42 +1,43 @@
 """The SLURM launcher: the grid's jobs as one SLURM job array submitted through submitit, each cell trained inside its
 array task's own process.
 
-``polyattn grid GRID.yaml --launcher slurm`` hands the cells that need training to submitit's ``AutoExecutor`` as
-one array (``map_array``); SLURM queues and runs them, ``slurm_array_parallelism`` at a time. The resources are the
+``polyattn grid GRID.yaml --launcher slurm`` hands the cells that need training to submitit's ``AutoExecutor`` as one
+array (``executor.batch()``); SLURM queues and runs them, ``slurm_array_parallelism`` at a time. The resources are the
 grid file's ``launcher.slurm`` mapping, in submitit's names: its shared ones (``timeout_min``, ``cpus_per_task``,
-``mem_gb``, ``gpus_per_node``, ``tasks_per_node``, ``nodes``, ``name``) and the SLURM executor's, with or without
-their ``slurm_`` prefix (``partition``, ``array_parallelism``, ``account``, ``qos``, ``constraint``,
-``additional_parameters``...); ``--parallel N`` above 1 sets the array's parallelism. A key submitit does not take
-is one error naming the closest. Every array task is requeueable (``--requeue``). The launch line lists every
-sbatch setting, and ``--dry-run`` shows the array's sbatch script (:func:`describe`). submitit keeps its job files
-and each task's own log in ``<grid>/slurm/``.
+``mem_gb``, ``gpus_per_node``, ``tasks_per_node``, ``nodes``, ``name``) and the SLURM executor's, with or without their
+``slurm_`` prefix (``partition``, ``array_parallelism``, ``account``, ``qos``, ``constraint``,
+``additional_parameters``...); ``--parallel N`` above 1 sets the array's parallelism. A key submitit does not take is
+one error naming the closest. Every array task is requeueable (``--requeue``). The launch line lists every sbatch
+setting, and ``--dry-run`` shows the array's sbatch script (:func:`describe`). submitit keeps its job files and each
+task's own log in ``<grid>/slurm/``.
 
 Each task calls :class:`SlurmCell`, which trains the cell with the project's CLI in the task's process
-(``polyattn_lightning.cli.main(["fit", ...])``, the cell's command without its interpreter), its output appended to
-the cell's ``cell.log`` and its attempt recorded in ``cell.json`` (with the SLURM job id). The task first reads the
-cell's state again: a finished cell is not trained again, an interrupted one resumes from its newest complete
-checkpoint, so a requeued task, restarted by SLURM with the same pickled call, goes on where it stopped.
+(``polyattn_lightning.cli.main(["fit", ...])``, the cell's command without its interpreter), its output appended to the
+cell's ``cell.log`` and its attempt recorded in ``cell.json`` (with the SLURM job id). The task first reads the cell's
+state again: a finished cell is not trained again, an interrupted one resumes from its newest complete checkpoint, so a
+requeued task, restarted by SLURM with the same pickled call, goes on where it stopped.
 
-Preemption and time limits use ONE signal: submitit's (``SUBMITIT_PREEMPT_SIGNAL``, ``USR2`` by default), which
-its sbatch script asks SLURM to send ``signal_delay_s`` (90 s) before the limit, is also the requeue signal of the
-fit's Lightning ``SLURMEnvironment`` (given on the fit's command line). During the fit Lightning's handlers replace
+Preemption and time limits use ONE signal: submitit's (``SUBMITIT_PREEMPT_SIGNAL``, ``USR2`` by default), which its
+sbatch script asks SLURM to send ``signal_delay_s`` (90 s) before the limit, is also the requeue signal of the fit's
+Lightning ``SLURMEnvironment`` (given on the fit's command line). During the fit Lightning's handlers replace
 submitit's, and the project's ``StopOnSignal`` acts on the signal at the next training-step boundary: it writes
 ``hpc_ckpt_<n>.ckpt`` in the cell's folder, runs ``scontrol requeue`` and exits; the requeued task resumes from that
-checkpoint. That is the only safe place for the save: submitit's own handler would checkpoint from inside the
-signal handler, mid-step. Outside the fit (before the model is built, after it ended) submitit's handler is in place;
-the callable is a ``submitit.helpers.Checkpointable`` whose default ``checkpoint()`` resubmits the same call, so
-submitit requeues the task instead of failing it (a non-checkpointable callable fails with ``UncompletedJobError``
-on a time limit), and the restarted call finds the cell's state in its folder. A plain ``scancel`` (SIGTERM) makes
-the fit save the same checkpoint when its next step ends within SLURM's ``KillWait`` and exit; the task ends
-``CANCELLED``, the cell is interrupted, and running the grid command again resumes it.
+checkpoint. That is the only safe place for the save: submitit's own handler would checkpoint from inside the signal
+handler, mid-step. Outside the fit (before the model is built, after it ended) submitit's handler is in place; the
+callable is a ``submitit.helpers.Checkpointable`` whose default ``checkpoint()`` resubmits the same call, so submitit
+requeues the task instead of failing it (a non-checkpointable callable fails with ``UncompletedJobError`` on a time
+limit), and the restarted call finds the cell's state in its folder. A plain ``scancel`` (SIGTERM) makes the fit save
+the same checkpoint when its next step ends within SLURM's ``KillWait`` and exit; the task ends ``CANCELLED``, the cell
+is interrupted, and running the grid command again resumes it.
 
-While the array runs, the launcher waits on submitit's job objects (``job.done()``, ``job.state``) and says every
-30 s how many tasks are queued, running and ended; when a task ends it reads the cell's state from its files
-(``metrics.json``: a cancelled task's cell is not finished). submitit asks ``sacct`` for the states, which needs
-SLURM's accounting database; a cluster without one would leave a task that ended without a result (a cancelled one)
-waiting forever, so the jobs watch the queue with ``squeue`` instead (:class:`QueueWatcher`). Ctrl-C cancels the
-array (running cells save their checkpoint on SLURM's SIGTERM, as above) and waits for its tasks to end; a second
-Ctrl-C stops waiting.
+While the array runs, the launcher waits on submitit's job objects (``job.done()``, ``job.state``) and says every 30 s
+how many tasks are queued, running and ended; when a task ends it reads the cell's state from its files
+(``metrics.json``: a cancelled task's cell is not finished). Each cell's ``cell.json`` records the task submitted for
+it: a rerun while that task is still queued or running waits for it instead of submitting the cell again. submitit asks
+``sacct`` for the states, which needs SLURM's accounting database; a cluster without one would leave a task that ended
+without a result (a cancelled one) waiting forever, so the jobs watch the queue with ``squeue`` instead
+(:class:`QueueWatcher`). Ctrl-C cancels the array (running cells save their checkpoint on SLURM's SIGTERM, as above) and
+waits for its tasks to end; a second Ctrl-C stops waiting.
 """
 
 from __future__ import annotations
@@ -75,7 +76,13 @@ from .local import HEARTBEAT_S, TAIL_LINES, Launched, duration, last_lines
 try:  # the [cluster] extra; without it, --launcher slurm says how to install it (require_submitit)
     import submitit
     from submitit.helpers import Checkpointable
-    from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJobEnvironment, _make_sbatch_string
+    from submitit.slurm.slurm import (
+        SlurmExecutor,
+        SlurmInfoWatcher,
+        SlurmJob,
+        SlurmJobEnvironment,
+        _make_sbatch_string,
+    )
 except ModuleNotFoundError:
     submitit = None
     Checkpointable = SlurmInfoWatcher = object
@@ -290,6 +297,22 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
 
+def note_submission(directory: Path, job_id: str) -> None:
+    """Record in the cell's ``cell.json`` the SLURM task submitted for it (a rerun waits for it while it lives)."""
+    path = Path(directory) / CELL_JSON
+    data = read_json(path) or {}
+    data["slurm"] = {"job": job_id, "submitted": now()}
+    write_json(path, data)
+
+
+def array_id(task: Any) -> str:
+    return task.job_id.split("_")[0]
+
+
+def array_ids(tasks: list[Any]) -> str:
+    return ", ".join(sorted({array_id(task) for task in tasks}, key=int))
+
+
 def note_slurm_job(directory: Path, job_id: str) -> None:
     """Add the SLURM job id and restart count to the cell's last attempt record."""
     path = Path(directory) / CELL_JSON
@@ -328,33 +351,51 @@ class SlurmLauncher:
         self.log = log
         self.grid_dir = log.path.parent
         self.executor = make_executor(self.grid_dir / SUBMITIT_DIR, settings, job_name(self.grid_dir))
+        self.watcher = QueueWatcher(delay_s=QUEUE_POLL_S)
         self.sigints = 0
 
     def run(self, jobs: list[Job]) -> Launched:
         launched = Launched()
         if not jobs:
             return launched
-        flags = sbatch_flags(sbatch_script(self.executor, len(jobs)))
-        self.log.say(f"submitting {len(jobs)} cells as one SLURM job array through submitit: {' '.join(flags)}")
-        with self.executor.batch():  # one array; each task's callable a SlurmCell (Checkpointable)
-            tasks = [self.executor.submit(SlurmCell(job)) for job in jobs]
-        watcher = QueueWatcher(delay_s=QUEUE_POLL_S)
-        for task in tasks:
-            task.watcher = watcher  # this watcher for these jobs (submitit's class default asks sacct)
-        array = tasks[0].job_id.split("_")[0]
-        self.log.say(
-            f"SLURM job array {array}: {len(tasks)} tasks; submitit's files and the tasks' logs in "
-            f"{self.executor.folder}; each cell's output in its cell.log"
-        )
+        tasks = {job.cell.name: task for job in jobs if (task := self._live_task(job)) is not None}
+        for name, task in tasks.items():
+            self.log.say(
+                f"{name}: its SLURM task {task.job_id} from an earlier run is still {task.state}: waiting for it, "
+                "not submitting the cell again"
+            )
+        new = [job for job in jobs if job.cell.name not in tasks]
+        if new:
+            flags = sbatch_flags(sbatch_script(self.executor, len(new)))
+            self.log.say(f"submitting {len(new)} cells as one SLURM job array through submitit: {' '.join(flags)}")
+            with self.executor.batch():  # one array; each task's callable a SlurmCell (Checkpointable)
+                submitted = [self.executor.submit(SlurmCell(job)) for job in new]
+            for job, task in zip(new, submitted):
+                task.watcher = self.watcher  # this watcher for these jobs (submitit's class default asks sacct)
+                note_submission(job.directory, task.job_id)
+                tasks[job.cell.name] = task
+            self.log.say(
+                f"SLURM job array {array_id(submitted[0])}: {len(submitted)} tasks; submitit's files and the tasks' "
+                f"logs in {self.executor.folder}; each cell's output in its cell.log"
+            )
         previous = signal.signal(signal.SIGINT, self._note_sigint)
         try:
-            launched.states = self._wait(jobs, tasks, array)
+            launched.states = self._wait(jobs, [tasks[job.cell.name] for job in jobs])
         finally:
             signal.signal(signal.SIGINT, previous)
         launched.stopped = self.sigints > 0
         return launched
 
-    def _wait(self, jobs: list[Job], tasks: list[Any], array: str) -> dict[str, CellState]:
+    def _live_task(self, job: Job) -> Any | None:
+        """The SLURM task an earlier run submitted for the cell, while SLURM still has it queued or running."""
+        record = (read_json(job.directory / CELL_JSON) or {}).get("slurm")
+        if not record:
+            return None
+        task = SlurmJob(folder=self.executor.folder, job_id=record["job"])
+        task.watcher = self.watcher
+        return None if task.done(force_check=True) else task
+
+    def _wait(self, jobs: list[Job], tasks: list[Any]) -> dict[str, CellState]:
         """Wait for every task to end (or a second Ctrl-C); each ended task's cell state, said as it ends."""
         states: dict[str, CellState] = {}
         start = beat = time.monotonic()
@@ -370,14 +411,14 @@ class SlurmLauncher:
                     if job.cell.name not in states:
                         task.cancel(check=False)
             if self.sigints > 1:
-                self.log.say(f"Ctrl-C again: not waiting for SLURM job array {array} any more")
+                self.log.say(f"Ctrl-C again: not waiting for the SLURM tasks any more: {array_ids(tasks)}")
                 break
             for job, task in zip(jobs, tasks):
                 if job.cell.name not in states and task.done():
                     states[job.cell.name] = self._ended(job, task, time.monotonic() - start)
             if time.monotonic() - beat >= HEARTBEAT_S:
                 beat = time.monotonic()
-                self._heartbeat(array, [task for job, task in zip(jobs, tasks) if job.cell.name not in states])
+                self._heartbeat([task for job, task in zip(jobs, tasks) if job.cell.name not in states])
             time.sleep(POLL_S)
         return states
 
@@ -399,11 +440,14 @@ class SlurmLauncher:
             self.log.say(f"interrupted {name} (task {task.job_id}, {task.state}): {state.detail or state.state}")
         return state
 
-    def _heartbeat(self, array: str, waiting: list[Any]) -> None:
+    def _heartbeat(self, waiting: list[Any]) -> None:
         states = [task.state for task in waiting]
         queued = sum(state in QUEUED for state in states)
         running = len(states) - queued
-        self.log.say(f"SLURM job array {array}: {queued} queued, {running} running, waiting for {len(waiting)} tasks")
+        self.log.say(
+            f"SLURM job array {array_ids(waiting)}: {queued} queued, {running} running, "
+            f"waiting for {len(waiting)} tasks"
+        )
 
     def _note_sigint(self, signum, frame) -> None:
         self.sigints += 1

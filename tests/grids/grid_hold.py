@@ -6,10 +6,10 @@
 ``default_root_dir``) one line per training batch, its global step: a cell trained exactly once lists each step once.
 
 Until ``DIR/release`` exists, a cell stops at the end of training step ``hold_at``, writes ``DIR/held-<n>`` (its
-folder) and waits, at most ``hold_s`` seconds, for SIGTERM, which the test has SLURM send (``scancel``); the signal
-goes on to the handler that was there (the project's ``StopOnSignal``), so the cancel lands mid-training, at a known
-step, instead of wherever a few-millisecond step happens to be. Once the test writes ``DIR/release``, held cells go
-on and no cell holds any more.
+folder) and waits, at most ``hold_s`` seconds, for SIGTERM or SIGUSR2, which the test has SLURM send (``scancel``,
+``scancel --signal=USR2``); the signal goes on to the handler that was there (the project's ``StopOnSignal``), so the
+cancel or the preemption lands mid-training, at a known step, instead of wherever a few-millisecond step happens to
+be. Once the test writes ``DIR/release``, held cells go on and no cell holds any more.
 """
 
 from __future__ import annotations
@@ -36,21 +36,23 @@ class HoldOnce(Callback):
 
     def hold(self, cell: Path) -> None:
         got = []
-        previous = signal.getsignal(signal.SIGTERM)
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
 
         def noted(signum, frame) -> None:
             got.append(signum)
-            if callable(previous):
-                previous(signum, frame)
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
 
-        signal.signal(signal.SIGTERM, noted)
+        for signum in previous:
+            signal.signal(signum, noted)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             (self.folder / f"held-{os.getpid()}").write_text(str(cell))
             deadline = time.monotonic() + self.hold_s
             while not got and not (self.folder / "release").exists():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"HoldOnce: neither SIGTERM nor {self.folder / 'release'} in {self.hold_s} s")
+                    raise RuntimeError(f"HoldOnce: no signal and no {self.folder / 'release'} in {self.hold_s} s")
                 time.sleep(0.05)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

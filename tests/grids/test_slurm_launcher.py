@@ -1,12 +1,14 @@
 """``polyattn grid --launcher slurm`` on a real SLURM (the private one of ``tests/cluster/slurm_cluster.py``).
 
 A grid of 6 tiny digits fits (2 activations x 3 seeds, 30 steps each) is submitted by the grid command as one job
-array through submitit, 2 tasks at a time on the 2-CPU node. The cells first started hold at step :data:`HOLD_AT`
-(``grid_hold.HoldOnce``); the test cancels one of them with SLURM's own ``scancel`` while it runs, then lets the
-others go on. The cancelled cell saves a checkpoint on SLURM's SIGTERM (the project's ``StopOnSignal``) and is not
-finished; the grid command run again submits only that cell, which resumes from the checkpoint. Every cell then
-trained each of its steps exactly once (the steps each attempt ran, and the attempts of ``cell.json`` and
-``cell.log``), and ``polyattn grid report`` agrees with every cell's own ``metrics.json``.
+array through submitit, 2 tasks at a time on the 2-CPU node. The two cells first started hold at step :data:`HOLD_AT`
+(``grid_hold.HoldOnce``) while the test has SLURM stop them: one is cancelled (``scancel``), the other preempted
+(``scancel --signal=USR2``, the signal submitit's sbatch script asks for before a time limit). On either signal the
+project's ``StopOnSignal`` saves ``hpc_ckpt_1.ckpt`` at the step's end; the preempted task is requeued by SLURM's own
+``scontrol requeue``, restarted by SLURM and resumes from it within the same run; the cancelled cell is not finished,
+and the grid command run again submits only that cell, which resumes from its checkpoint. Every cell then trained
+each of its steps exactly once (the steps each attempt ran, and the attempts of ``cell.json`` and ``cell.log``), and
+``polyattn grid report`` agrees with every cell's own ``metrics.json``.
 ``--dry-run --launcher slurm`` shows the array's sbatch script without a cluster or a submission.
 """
 
@@ -91,84 +93,98 @@ def steps(folder: Path, name: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def grid(slurm_cluster, tmp_path_factory) -> dict:
-    """The grid run, one running task cancelled, and the grid run again: the folder and both commands' output."""
+    """The grid run with two running tasks stopped midway by SLURM (one cancelled, one preempted and requeued), then
+    run again: the folder, the two cells and their tasks, and both commands' exit status and output."""
     slurm = slurm_cluster
     root = tmp_path_factory.mktemp("slurm-grid")
     hold, folder = root / "hold", root / "out"
     path = write_grid(root, hold)
     first = grid_command(slurm, path, "--launcher", "slurm", "--out", folder)
+    second = None
 
-    def held() -> list[Path]:
+    def two_held() -> list[Path]:
         assert first.poll() is None, first.communicate()[0]
-        return sorted(hold.glob("held-*"))
+        markers = sorted(hold.glob("held-*"))
+        return markers if len(markers) >= 2 else []
+
+    def restarts(task: str) -> str:
+        return slurm.job(task)["Restarts"]
 
     try:
-        marker = slurm.wait_until("a cell to hold at its step 12", held, TIMEOUT)[0]
-        cancelled = Path(marker.read_text()).relative_to(folder / "cells").as_posix()
-        task = cell_record(folder, cancelled)["runs"][-1]["slurm_job"]
-        slurm.say(f"cancelling array task {task} ({cancelled}) midway with scancel")
-        slurm.run("scancel", task)
-        slurm.wait_until(f"task {task} to end", lambda: slurm.job(task)["JobState"] == "CANCELLED", 300)
+        markers = slurm.wait_until(f"the first two cells to hold at their step {HOLD_AT}", two_held, TIMEOUT)
+        cancelled, preempted = (Path(m.read_text()).relative_to(folder / "cells").as_posix() for m in markers[:2])
+        tasks = {name: cell_record(folder, name)["runs"][-1]["slurm_job"] for name in (cancelled, preempted)}
+        slurm.say(f"cancelling array task {tasks[cancelled]} ({cancelled}) with scancel")
+        slurm.run("scancel", tasks[cancelled])
+        slurm.say(f"preempting array task {tasks[preempted]} ({preempted}) with scancel --signal=USR2")
+        slurm.run("scancel", "--signal=USR2", tasks[preempted])
+        slurm.wait_until(
+            f"task {tasks[cancelled]} to be cancelled",
+            lambda: slurm.job(tasks[cancelled])["JobState"] == "CANCELLED",
+            300,
+        )
+        slurm.wait_until(f"task {tasks[preempted]} to be requeued", lambda: restarts(tasks[preempted]) == "1", 300)
         (hold / "release").write_text("")  # the other cells go on, and none holds again
         first_output = first.communicate(timeout=TIMEOUT)[0]
         second = grid_command(slurm, path, "--launcher", "slurm", "--out", folder)
         second_output = second.communicate(timeout=TIMEOUT)[0]
     finally:
-        for process in (first, locals().get("second")):
+        for process in (first, second):
             if process is not None and process.poll() is None:
                 process.kill()
     return {
         "folder": folder,
-        "path": path,
         "cancelled": cancelled,
-        "task": task,
+        "preempted": preempted,
+        "tasks": tasks,
         "first": (first.returncode, first_output),
         "second": (second.returncode, second_output),
     }
 
 
 @pytest.mark.slow
-def test_a_cancelled_array_task_leaves_its_cell_interrupted_and_the_rerun_completes_only_it(grid):
-    cancelled, task = grid["cancelled"], grid["task"]
+def test_the_array_goes_through_submitit_and_only_the_cancelled_cell_is_submitted_again(grid):
+    cancelled, preempted, tasks = grid["cancelled"], grid["preempted"], grid["tasks"]
     code, output = grid["first"]
     assert code == 0, output
     assert "submitting 6 cells as one SLURM job array through submitit:" in output
     assert "--array=0-5%2" in output and "--signal=USR2@90" in output and "--requeue" in output
-    assert re.search(
-        rf"^interrupted {re.escape(cancelled)} \(task {task}, CANCELLED\): was interrupted; resumes "
-        r"from hpc_ckpt_1\.ckpt$",
-        output,
-        re.M,
-    ), output
+    assert re.search(r"SLURM job array \d+: [0-6] queued, [0-2] running, waiting for [1-6] tasks", output), output
+    interrupted = rf"^interrupted {re.escape(cancelled)} \(task {tasks[cancelled]}, CANCELLED\): was interrupted; "
+    assert re.search(interrupted + r"resumes from hpc_ckpt_1\.ckpt$", output, re.M), output
+    assert f"finished {preempted} (task {tasks[preempted]}) " in output  # requeued by SLURM, within this run
     assert "grid digits-slurm: 5 done, 0 failed, 0 skipped, 1 interrupted" in output
     code, output = grid["second"]
     assert code == 0, output
-    assert "submitting 1 cells as one SLURM job array through submitit:" in output
-    assert "--array=0-0%1" in output
+    assert "submitting 1 cells as one SLURM job array through submitit:" in output and "--array=0-0%1" in output
     assert f"finished {cancelled} (task " in output
     assert "grid digits-slurm: 1 done, 0 failed, 5 skipped" in output
 
 
 @pytest.mark.slow
-def test_every_cell_is_trained_exactly_once_and_the_cancelled_one_resumed_from_its_checkpoint(grid):
-    folder, cancelled = grid["folder"], grid["cancelled"]
+def test_every_cell_is_trained_exactly_once_and_the_stopped_ones_resume_from_their_checkpoint(grid):
+    folder, cancelled, preempted, tasks = grid["folder"], grid["cancelled"], grid["preempted"], grid["tasks"]
     for name in NAMES:
         assert metrics(folder, name)["status"] == "finished" and metrics(folder, name)["steps"] == STEPS, name
         assert steps(folder, name) == list(range(STEPS)), name  # every step once, over all attempts
         runs = cell_record(folder, name)["runs"]
         log = (folder / "cells" / name / "cell.log").read_text()
         headers = re.findall(r"^==== \S+ grid: (starting|resuming from \S+): polyattn fit ", log, re.M)
-        if name != cancelled:
+        if name not in (cancelled, preempted):
             assert [(run["attempt"], run["exit"], run["resumed_from"]) for run in runs] == [(1, 0, None)], name
             assert headers == ["starting"], name
             continue
-        # the cancelled task: saved on SLURM's SIGTERM at the step it held at, then one resumed attempt
+        # stopped by SLURM at the step it held at: the checkpoint StopOnSignal wrote there, then one resumed attempt
         checkpoint = folder / "cells" / name / "hpc_ckpt_1.ckpt"
-        assert [run["resumed_from"] for run in runs] == [None, str(checkpoint)]
-        assert runs[0]["slurm_job"] == grid["task"] and runs[1]["slurm_job"] != runs[0]["slurm_job"]
-        assert headers == ["starting", f"resuming from {checkpoint}"]
-        assert re.search(r"saved \S*hpc_ckpt_1\.ckpt at step 1[34] ", log), log[-3000:]
-        assert "--ckpt_path=" in " ".join(runs[1]["command"])
+        assert [run["resumed_from"] for run in runs] == [None, str(checkpoint)], name
+        assert headers == ["starting", f"resuming from {checkpoint}"], name
+        assert re.search(rf"saved \S*hpc_ckpt_1\.ckpt at step {HOLD_AT} ", log), log[-3000:]
+        assert runs[0]["slurm_job"] == tasks[name]
+        if name == cancelled:  # run again by the second grid command: a task of another array
+            assert runs[1]["slurm_job"] != tasks[name] and runs[1]["restart"] == 0
+        else:  # requeued by SLURM: the same task, restarted, with the same pickled call
+            assert f"requeued SLURM job {tasks[name]}" in log
+            assert [(run["slurm_job"], run["restart"]) for run in runs] == [(tasks[name], 0), (tasks[name], 1)]
 
 
 @pytest.mark.slow
@@ -229,3 +245,26 @@ def test_a_setting_submitit_does_not_take_is_one_line_naming_the_closest(tmp_pat
         "error: launcher.slurm: unknown key cpus_per_tsk (did you mean cpus_per_task?); "
         "submitit takes cpus_per_task, gpus_per_node, mem_gb, name, nodes, "
     ), error
+
+
+@pytest.mark.slow
+def test_a_rerun_waits_for_a_cells_task_slurm_still_runs_instead_of_submitting_it_again(slurm, tmp_path):
+    from polyattn_lightning.grids.folder import GridLog, cell_dir, cell_state, job, prepare
+    from polyattn_lightning.grids.slurm import SlurmLauncher, note_submission
+    from polyattn_lightning.grids.spec import cells, read_grid
+
+    path = write_grid(tmp_path, tmp_path / "hold")
+    spec, folder = read_grid(path), tmp_path / "out"
+    prepare(folder, spec, cells(spec))
+    cell = cells(spec)[0]
+    running = slurm.sbatch("--wrap", "sleep 300", "--cpus-per-task=1", "--time=10", cwd=tmp_path)
+    note_submission(cell_dir(folder, cell), running)  # as a grid command that was killed would have left it
+    launcher = SlurmLauncher(GridLog(folder), {"partition": "debug", "timeout_min": 10, "parallel": 1})
+    planned = job(spec, folder, cell, cell_state(cell_dir(folder, cell)))
+    try:
+        task = launcher._live_task(planned)
+        assert task is not None and task.job_id == running and task.state in ("PENDING", "RUNNING")
+    finally:
+        slurm.run("scancel", running)
+    assert slurm.wait_for_job(running, 120)["JobState"] == "CANCELLED"
+    assert launcher._live_task(planned) is None  # ended: a rerun submits the cell
