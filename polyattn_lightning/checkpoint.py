@@ -103,9 +103,12 @@ def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     file cut short fails it), or a file of another format that is not empty (``torch.load`` tells the rest)."""
     path = Path(path)
     try:
-        return path.stat().st_size > 0 and (_verify_zip_records(path) or True)
+        if path.stat().st_size == 0:
+            return False
+        _verify_zip_records(path)  # raises for a zip cut short or corrupt
     except (CheckpointLoadError, OSError):
         return False
+    return True
 
 
 def atomic_save(obj: Any, path: str | os.PathLike, on_written: Callable[[Path], None] | None = None) -> None:

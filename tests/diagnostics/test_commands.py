@@ -1,7 +1,6 @@
 """`polyattn maps` from a checkpoint made here and `polyattn sweep` (a grid) on the digits quickstart, through the CLI."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -108,8 +107,6 @@ def test_sweep_refuses_a_figure_as_out_and_another_sweep_in_its_folder(tmp_path,
     assert (tmp_path / "s" / "grid.yaml").read_text() == before
 
 
-@pytest.mark.xfail(importlib.util.find_spec("polyattn_lightning.callbacks.summary") is None, strict=True,
-                   reason="the fit writes no metrics.json before issue 37's summary callback is merged")
 def test_sweep_on_digits_trains_every_run_as_a_grid_cell(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "sweep"

@@ -3,12 +3,9 @@
 every cell trained exactly once and the resumed cells equal to uninterrupted ones; a failing cell reported with its
 last log lines while the others finish.
 
-The end-to-end tests read each cell's end-of-fit ``metrics.json``, which the fit writes once the summary callback
-(issue 37, ``callbacks/summary.py``) is in; until then a cell that ends without it counts as failed, and those tests
-are expected to fail (strict: they must fail until then, and pass from then on)."""
+The end-to-end tests read each cell's ``metrics.json``, written by the fit itself at its end (``RunSummary``)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,11 +26,6 @@ from polyattn_lightning.grids.spec import cells, read_grid
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
-SUMMARY_MISSING = importlib.util.find_spec("polyattn_lightning.callbacks.summary") is None
-needs_metrics = pytest.mark.xfail(
-    SUMMARY_MISSING, strict=True,
-    reason="the fit writes no metrics.json before issue 37's summary callback is merged: cells end 'failed'",
-)
 ROOT = Path(__file__).resolve().parents[2]
 #: A tiny digits ViT: 150 steps (an epoch is 44), validated and checkpointed every 10.
 TINY = {
@@ -118,7 +110,6 @@ def test_dry_run_lists_each_cells_state_and_command_and_writes_nothing(tmp_path,
     assert out[6] == "poly3-scaled/seed2: not started (stopped before its first checkpoint: starts again) -> start"
 
 
-@needs_metrics
 def test_every_cell_finishes_and_a_rerun_skips_them_all(finished_grid):
     path, folder, code, output = finished_grid
     assert code == 0, output
@@ -133,7 +124,6 @@ def test_every_cell_finishes_and_a_rerun_skips_them_all(finished_grid):
     assert [starts(folder / "cells" / name) for name in NAMES] == [(1, 0)] * 4
 
 
-@needs_metrics
 def test_ctrl_c_midway_then_a_rerun_trains_every_cell_once_and_resumed_cells_end_as_uninterrupted(
     finished_grid, tmp_path
 ):
@@ -165,7 +155,6 @@ def test_ctrl_c_midway_then_a_rerun_trains_every_cell_once_and_resumed_cells_end
         assert all(torch.equal(resumed[key], uninterrupted[key]) for key in resumed), name
 
 
-@needs_metrics
 def test_a_failing_cell_is_reported_with_its_last_log_lines_and_the_others_finish(tmp_path):
     axes = {"interval": {"key": "trainer.val_check_interval", "values": [10, 1000], "label": "val{}"}}
     args = {key: value for key, value in TINY.items() if key != "trainer.val_check_interval"}
