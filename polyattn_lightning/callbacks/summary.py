@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from ..checkpoint import atomic_write
 from ..data.base import ChanceRate
@@ -35,8 +35,6 @@ ACCURACY = "top1"
 #: How many binomial standard errors (of the chance rate, on the validation split's size) above the chance rate a
 #: best accuracy may lie and still count as at chance.
 NOISE_SE = 2.0
-#: The logged metrics the summary keeps: the validation and test ones.
-PREFIXES = ("val/", "test/")
 
 
 class RunSummary(Callback):
@@ -157,10 +155,14 @@ class RunSummary(Callback):
         if not trainer.is_global_zero:
             return
         summary = self.summary(trainer, status)
-        if self._folder is not None:
-            path = self._folder / FILENAME
-            atomic_write(path, lambda file: file.write(json.dumps(summary, indent=2).encode() + b"\n"))
-        for line in self.table(summary, path if self._folder is not None else None):
+        path = None if self._folder is None else self._folder / FILENAME
+        if path is not None:
+            try:
+                atomic_write(path, lambda file: file.write(json.dumps(summary, indent=2).encode() + b"\n"))
+            except OSError as err:  # a full disk must not hide the exception a failed run is ending with
+                rank_zero_warn(f"could not write {path}: {err}")
+                path = None
+        for line in self.table(summary, path):
             rank_zero_info(line)
 
     def summary(self, trainer: pl.Trainer, status: str) -> dict[str, Any]:

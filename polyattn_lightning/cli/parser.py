@@ -24,8 +24,12 @@ OWN_IMAGES_HINT = (
     "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
     "(README, 'Your own images')"
 )
-#: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
-NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: A class parser's words for an option it does not have: given on the command line, as a key of a config file, or
+#: as a key of a group's mapping (``--model.init_args.convert '{hold_out: 0.2}'``).
+NESTED_UNKNOWN = re.compile(
+    rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted"
+    r"|Group '(?P<group>[^']+)' does not accept option '(?P<group_key>[^']+)'"
+)
 #: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
 GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
 
@@ -124,7 +128,8 @@ class ShortErrorParser(LightningArgumentParser):
         match = NESTED_UNKNOWN.search(message)
         if match is None:
             return None
-        given = (match["argument"] or f"--{match['key']}").split("=", 1)[0]
+        key = match["key"] or (match["group_key"] and f"{match['group']}.{match['group_key']}")
+        given = (match["argument"] or f"--{key}").split("=", 1)[0]
         closest = closest_option(given, [option for option in self.option_names() if option.startswith("--")])
         return given[2:], closest[2:] if closest else None
 

@@ -1,7 +1,10 @@
-"""Experiment grids: a base config and axes of CLI settings, one ``fit`` per cell, resumable, then the report.
+"""Experiment grids: a base config and axes of CLI settings, one ``fit`` per cell, resumable, then the report over
+seeds beside the papers'.
 
 :mod:`.spec` reads a grid file into its cells; :mod:`.folder` is the grid's folder and each cell's state;
-:mod:`.local` runs the cells on this machine. ``polyattn grid`` (``commands/grid.py``) drives them.
+:mod:`.local` runs the cells on this machine, :mod:`.slurm` as a SLURM job array through submitit; :mod:`.report`
+writes the tables and figures (:mod:`.results`, :mod:`.stats`, :mod:`.figures`, :mod:`.paper`). ``polyattn grid``
+(``commands/grid.py``) drives them.
 """
 
 from .folder import CellState, Job, cell_state

@@ -46,8 +46,10 @@ def table_row(output: str, name: str) -> list[str]:
     return [cell.strip() for cell in line.strip().split("  ") if cell.strip()]
 
 
-def test_fit_ends_with_a_table_and_metrics_file_of_what_it_logged(project):  # noqa: F811
-    [result] = run(project, ["fit", "--config", "folder.yaml", *SHORT, "--model.test_after_fit", "true"])
+def test_fit_ends_with_a_table_and_metrics_file_of_what_it_logged_or_of_its_failure(project):  # noqa: F811
+    fit = ["fit", "--config", "folder.yaml", *SHORT]
+    fail = '--trainer.callbacks+={"class_path": "training_helpers.KillAt", "init_args": {"step": 4}}'
+    result, failed = run(project, [*fit, "--model.test_after_fit", "true"], [*fit, fail])
     output, run_dir = result["output"], project / RUNS / "version_0"
     assert result["rc"] == 0, output
     summary = json.loads((run_dir / "metrics.json").read_text())
@@ -79,11 +81,17 @@ def test_fit_ends_with_a_table_and_metrics_file_of_what_it_logged(project):  # n
     assert f"  best checkpoint: {RUNS / 'version_0' / summary['best']['checkpoint']}" in output.splitlines()
     assert f"  written: {RUNS / 'version_0' / 'metrics.json'}" in output.splitlines()
 
+    # an exception in a step (before step 4): the file says so, with the error
+    assert failed["rc"] == 1, failed["output"]
+    summary = json.loads((project / RUNS / "version_1" / "metrics.json").read_text())
+    assert (summary["status"], summary["steps"], summary["error"]) == ("failed", 4, "Killed")
+    assert summary["last"] == expected_scores(logged(project / RUNS / "version_1"))[1]  # epoch 0's validation
+    assert "fit failed: 4 steps, 1 epochs, " in failed["output"] and "; Killed" in failed["output"]
 
-def test_interrupted_failed_and_resumed_runs_say_how_they_ended(project):  # noqa: F811
+
+def test_interrupted_and_resumed_runs_say_how_they_ended(project):  # noqa: F811
     fit = ["fit", "--config", "folder.yaml", *SHORT]
-    fail = '--trainer.callbacks+={"class_path": "training_helpers.KillAt", "init_args": {"step": 4}}'
-    stopped, failed = run(project, [*fit, ctrl_c()], [*fit, fail])
+    [stopped] = run(project, [*fit, ctrl_c()])
 
     assert stopped["rc"] == 130, stopped["output"]
     stopped_dir = project / RUNS / "version_0"
@@ -93,11 +101,6 @@ def test_interrupted_failed_and_resumed_runs_say_how_they_ended(project):  # noq
     assert (summary["status"], summary["steps"], summary["error"]) == ("interrupted", 6, None)
     assert summary["last"] == last and last["epoch"] == 0
     assert "fit interrupted: 6 steps, 1 epochs, " in stopped["output"]
-
-    assert failed["rc"] == 1, failed["output"]
-    summary = json.loads((project / RUNS / "version_1" / "metrics.json").read_text())
-    assert (summary["status"], summary["steps"], summary["error"]) == ("failed", 4, "Killed")
-    assert "fit failed: 4 steps, 1 epochs, " in failed["output"] and "; Killed" in failed["output"]
 
     # validating the stopped run's best checkpoint (epoch 0's) scores what epoch 0's validation logged
     interrupted_best = json.loads((stopped_dir / "metrics.json").read_text())["best"]
@@ -155,5 +158,5 @@ def test_a_fit_at_the_chance_rate_says_so_in_one_line(tmp_path):
         "more epochs (--trainer.max_epochs 6; this run: 2); "
         "softmax attention to compare (--model.attention softmax; this run: poly3)"
     )
-    assert output.splitlines().index(line) > output.splitlines().index(f"  chance rate: 0.5000 (majority class of "
+    assert output.splitlines().index(line) > output.splitlines().index("  chance rate: 0.5000 (majority class of "
                                                                          "24 validation images)")
