@@ -15,10 +15,10 @@ each of its steps exactly once (the steps each attempt ran, and the attempts of 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +36,6 @@ TESTS = Path(__file__).resolve().parent
 STEPS, HOLD_AT = 30, 12
 TIMEOUT = 900  # seconds, for each grid command: a few minutes of work on the loaded 2-core machine
 NAMES = [f"{attention}/seed{seed}" for attention in ("softmax", "poly3") for seed in (1, 2, 3)]
-REPORT_MISSING = importlib.util.find_spec("polyattn_lightning.grids.report") is None
 
 
 def write_grid(folder: Path, hold: Path) -> Path:
@@ -188,7 +187,6 @@ def test_every_cell_is_trained_exactly_once_and_the_stopped_ones_resume_from_the
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(REPORT_MISSING, strict=True, reason="grids/report.py (the report) is not merged yet")
 def test_the_report_matches_every_cells_own_metrics_file(grid):
     folder = grid["folder"]
     result = subprocess.run(
@@ -205,6 +203,12 @@ def test_the_report_matches_every_cells_own_metrics_file(grid):
     for name in NAMES:
         assert rows[name]["status"] == "finished"
         assert float(rows[name]["value"]) == metrics(folder, name)["best"]["value"], name
+    with open(folder / "report" / "table.csv", newline="") as file:
+        groups = {row["attention"]: row for row in csv.DictReader(file)}
+    for attention in ("softmax", "poly3"):  # each group's mean over its three seeds' own values
+        values = [metrics(folder, f"{attention}/seed{seed}")["best"]["value"] for seed in (1, 2, 3)]
+        assert groups[attention]["n"] == "3"
+        assert float(groups[attention]["mean"]) == pytest.approx(statistics.mean(values), rel=1e-12)
 
 
 def test_dry_run_shows_the_arrays_sbatch_script_and_submits_nothing(tmp_path, capsys):
