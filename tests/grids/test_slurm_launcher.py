@@ -116,13 +116,20 @@ def grid(slurm_cluster, tmp_path_factory) -> dict:
         slurm.say(f"cancelling array task {tasks[cancelled]} ({cancelled}) with scancel")
         slurm.run("scancel", tasks[cancelled])
         slurm.say(f"preempting array task {tasks[preempted]} ({preempted}) with scancel --signal=USR2")
-        slurm.run("scancel", "--signal=USR2", tasks[preempted])
+        # the task requeues itself before slurmctld answers the signal's request, which then says "Job can not be
+        # altered now, try again later", and scancel keeps trying: it is stopped once the task is requeued
+        preempting = subprocess.Popen(
+            ["scancel", "--signal=USR2", tasks[preempted]], env=slurm.environ(), stdout=subprocess.DEVNULL
+        )
         slurm.wait_until(
             f"task {tasks[cancelled]} to be cancelled",
             lambda: slurm.job(tasks[cancelled])["JobState"] == "CANCELLED",
             300,
         )
         slurm.wait_until(f"task {tasks[preempted]} to be requeued", lambda: restarts(tasks[preempted]) == "1", 300)
+        if preempting.poll() is None:
+            preempting.terminate()
+        preempting.wait()
         (hold / "release").write_text("")  # the other cells go on, and none holds again
         first_output = first.communicate(timeout=TIMEOUT)[0]
         second = grid_command(slurm, path, "--launcher", "slurm", "--out", folder)
