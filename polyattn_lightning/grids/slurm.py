@@ -161,11 +161,20 @@ def make_executor(folder: Path, settings: dict[str, Any], name: str) -> Any:
 
 
 def sbatch_script(executor: Any, tasks: int) -> str:
-    """The sbatch script submitit writes for an array of ``tasks`` tasks with ``executor``'s parameters."""
+    """The sbatch script submitit writes for ``tasks`` tasks with ``executor``'s parameters: an array, or one job
+    for one task (submitit submits a batch of one as a plain job)."""
     slurm = executor._executor
     return _make_sbatch_string(
-        command=slurm._submitit_command_str, folder=slurm.folder, map_count=tasks, **slurm.parameters
+        command=slurm._submitit_command_str,
+        folder=slurm.folder,
+        map_count=tasks if tasks > 1 else None,
+        **slurm.parameters,
     )
+
+
+def submission(tasks: int) -> str:
+    """How ``tasks`` cells go to SLURM, in words."""
+    return f"{tasks} cells as one SLURM job array" if tasks > 1 else "1 cell as one SLURM job"
 
 
 def sbatch_flags(script: str) -> list[str]:
@@ -183,7 +192,7 @@ def describe(jobs: list[Job], log_dir: Path, settings: dict[str, Any]) -> str:
     lines = [line for line in script.splitlines() if line.startswith(("#SBATCH", "srun"))]
     return "\n".join(
         [
-            f"--launcher slurm: one job array of {len(jobs)} tasks through submitit; its sbatch script:",
+            f"--launcher slurm: {submission(len(jobs))} through submitit; its sbatch script:",
             *(f"    {line}" for line in lines),
             f"    each task: the cell's fit in the task's process, with --trainer.plugins+=SLURMEnvironment"
             f"(requeue_signal={requeue_signal()})",
@@ -367,7 +376,7 @@ class SlurmLauncher:
         new = [job for job in jobs if job.cell.name not in tasks]
         if new:
             flags = sbatch_flags(sbatch_script(self.executor, len(new)))
-            self.log.say(f"submitting {len(new)} cells as one SLURM job array through submitit: {' '.join(flags)}")
+            self.log.say(f"submitting {submission(len(new))} through submitit: {' '.join(flags)}")
             with self.executor.batch():  # one array; each task's callable a SlurmCell (Checkpointable)
                 submitted = [self.executor.submit(SlurmCell(job)) for job in new]
             for job, task in zip(new, submitted):
@@ -375,7 +384,7 @@ class SlurmLauncher:
                 note_submission(job.directory, task.job_id)
                 tasks[job.cell.name] = task
             self.log.say(
-                f"SLURM job array {array_id(submitted[0])}: {len(submitted)} tasks; submitit's files and the tasks' "
+                f"SLURM job {array_id(submitted[0])}: {len(submitted)} tasks; submitit's files and the tasks' "
                 f"logs in {self.executor.folder}; each cell's output in its cell.log"
             )
         previous = signal.signal(signal.SIGINT, self._note_sigint)
@@ -445,8 +454,7 @@ class SlurmLauncher:
         queued = sum(state in QUEUED for state in states)
         running = len(states) - queued
         self.log.say(
-            f"SLURM job array {array_ids(waiting)}: {queued} queued, {running} running, "
-            f"waiting for {len(waiting)} tasks"
+            f"SLURM job {array_ids(waiting)}: {queued} queued, {running} running, waiting for {len(waiting)} tasks"
         )
 
     def _note_sigint(self, signum, frame) -> None:
