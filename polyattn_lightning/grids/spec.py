@@ -29,14 +29,18 @@ from ..cli import PolyattnCLI, make_cli
 from ..cli.runs import FOLDER_LOGGERS
 from ..errors import ConfigError, MissingPathError, UserInputError, closest_option
 from ..logs import quiet_loggers
+from .paper import paper_table
 
 #: The grid file's top-level keys.
 TOP_KEYS = ("name", "base", "args", "axes", "zip", "report", "launcher")
 #: An axis's keys.
 AXIS_KEYS = ("key", "values", "label")
-#: The report's settings (``grids.report`` reads them).
+#: The report's settings (``grids.results`` reads them).
 REPORT_KEYS = ("metric", "use", "seeds", "baseline", "paper", "figure", "x", "lines")
+#: Which value of a cell's metrics.json is its result: the monitored metric's best or last value (``best.value``,
+#: ``last.value``), or any metric's last logged value (``metrics[metric]``).
 REPORT_USES = ("best", "last", "final")
+#: The report's figures: bars always, and with ``figure: scale-sweep`` the sweep too.
 REPORT_FIGURES = ("bars", "scale-sweep")
 #: The launchers a grid file may hold settings for (``launcher: {slurm: {...}}``).
 LAUNCHERS = ("local", "slurm")
@@ -213,26 +217,70 @@ def read_zip(raw: Any, axes: list[Axis], where: str) -> list[list[str]]:
 
 
 def read_report(raw: Any, axes: list[Axis], where: str) -> dict[str, Any]:
-    """The report's settings, with the axes and labels they name checked."""
+    """The report's settings, checked: its keys and choices, the seed axis among the axes, the baseline and the
+    scale sweep's axes among the others (a seed is no group), the paper table. ``grids.results`` checks a grid
+    folder's ``grid.json`` with it too, so that a hand-edited one gets the same one-line errors."""
     mapping(raw, where, "report")
-    known(raw, REPORT_KEYS, where, "report.")
-    by_name = {axis.name: axis for axis in axes}
-    for key in ("seeds", "x", "lines"):
-        if key in raw and raw[key] not in by_name:
-            raise ConfigError(f"{where}: report.{key}: no axis {raw[key]!r}; the axes: {', '.join(by_name)}")
+    unknown = [key for key in raw if key not in REPORT_KEYS]
+    if unknown:
+        closest = closest_option(str(unknown[0]), REPORT_KEYS)
+        hint = f" (did you mean {closest!r}?)" if closest else ""
+        raise ConfigError(f"{where}: unknown report key {unknown[0]!r}{hint}; report keys: {', '.join(REPORT_KEYS)}")
     if raw.get("use", "best") not in REPORT_USES:
-        raise ConfigError(f"{where}: report.use {raw['use']!r}: expected one of {', '.join(REPORT_USES)}")
-    if raw.get("figure", "bars") not in REPORT_FIGURES:
-        raise ConfigError(f"{where}: report.figure {raw['figure']!r}: expected one of {', '.join(REPORT_FIGURES)}")
-    if raw.get("figure") == "scale-sweep" and not ("x" in raw and "lines" in raw):
-        raise ConfigError(f"{where}: report.figure scale-sweep: expected report.x and report.lines (axis names)")
-    for name, label in mapping(raw.get("baseline") or {}, where, "report.baseline").items():
-        if name not in by_name or str(label) not in by_name[name].labels:
-            choices = "; ".join(f"{axis.name}: {', '.join(axis.labels)}" for axis in axes)
+        raise ConfigError(f"{where}: report.use must be one of {', '.join(REPORT_USES)}, got {raw['use']!r}")
+    seeds = seed_axis(raw, axes, where)
+    group_axes = [axis for axis in axes if axis is not seeds]
+    baseline = raw.get("baseline")
+    if baseline is not None and (not isinstance(baseline, dict) or not baseline):
+        raise ConfigError(
+            f"{where}: report.baseline must map axes to labels, e.g. {{attention: softmax}}, got {baseline!r}"
+        )
+    for name, label in (baseline or {}).items():
+        axis = report_axis(group_axes, name, "baseline", where)
+        if str(label) not in axis.labels:
             raise ConfigError(
-                f"{where}: report.baseline {name}: {label}: expected an axis and one of its labels ({choices})"
+                f"{where}: report.baseline: {label!r} is not a label of axis {name!r}; labels: {', '.join(axis.labels)}"
             )
+    figure = raw.get("figure", "bars")
+    if figure not in REPORT_FIGURES:
+        raise ConfigError(f"{where}: report.figure must be one of {', '.join(REPORT_FIGURES)}, got {figure!r}")
+    if figure == "bars":
+        given = [key for key in ("x", "lines") if raw.get(key)]
+        if given:
+            raise ConfigError(f"{where}: report.{given[0]} names an axis of figure: scale-sweep; figure is bars")
+    else:
+        sweep_axes(raw, group_axes, where)
+    if raw.get("paper"):
+        paper_table(raw["paper"], f"{where}: report.paper")
     return dict(raw)
+
+
+def report_axis(axes: list[Axis], name: Any, setting: str, where: str) -> Axis:
+    """The axis called ``name`` that ``report.<setting>`` names, or an error naming the closest one."""
+    for axis in axes:
+        if axis.name == name:
+            return axis
+    closest = closest_option(str(name), [axis.name for axis in axes])
+    hint = f" (did you mean {closest!r}?)" if closest else ""
+    raise ConfigError(
+        f"{where}: report.{setting}: {name!r} is not an axis{hint}; axes: {', '.join(a.name for a in axes)}"
+    )
+
+
+def seed_axis(report: dict[str, Any], axes: list[Axis], where: str) -> Axis | None:
+    """The axis the report's statistics repeat over: ``report.seeds``, else the axis named ``seed``, else the one
+    setting ``seed_everything``, else none (each cell is its own group)."""
+    if report.get("seeds"):
+        return report_axis(axes, report["seeds"], "seeds", where)
+    return next((axis for axis in axes if axis.name == "seed" or axis.key == "seed_everything"), None)
+
+
+def sweep_axes(report: dict[str, Any], group_axes: list[Axis], where: str) -> tuple[str, str | None]:
+    """The scale sweep's x axis (``report.x``, else the axis named ``scale``) and the axis with a line per label
+    (``report.lines``, else the axis named ``length`` if there is one, else one line), among ``group_axes``."""
+    x = report_axis(group_axes, report.get("x") or "scale", "x", where).name
+    lines = report.get("lines") or ("length" if any(axis.name == "length" for axis in group_axes) else None)
+    return x, report_axis(group_axes, lines, "lines", where).name if lines else None
 
 
 def cells(spec: GridSpec) -> list[Cell]:

@@ -157,13 +157,15 @@ def test_a_torn_or_temporary_checkpoint_is_not_resumed_from(grid):
 def test_a_cell_a_live_process_trains_is_running_and_a_lost_one_is_not(grid):
     spec, folder = grid
     directory = cell_dir(folder, cells(spec)[3])
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "polyattn_lightning"])
+    child = "import time; print('started', flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", child, "polyattn_lightning"], stdout=subprocess.PIPE, text=True)
     try:
+        process.stdout.readline()  # the child runs: its /proc cmdline reads empty for a moment after the spawn
         start_attempt(directory, ["python"], None, pid=process.pid)
         assert cell_state(directory).state == RUNNING
     finally:
         process.kill()
-        process.wait()
+        process.communicate()
     state = cell_state(directory)  # lost: no exit recorded (the grid was killed), no checkpoint
     assert (state.state, state.detail) == (NOT_STARTED, "stopped before its first checkpoint: starts again")
 

@@ -1,5 +1,6 @@
 """Grid files read into cells: the product, zip groups, readable names, and every mistake one line naming the file,
 the key and what was expected, from Python (``ConfigError``) and from the command line (exit status 2)."""
+
 from __future__ import annotations
 
 import os
@@ -37,21 +38,35 @@ def test_cells_are_the_product_of_the_axes_in_order_with_readable_names(tmp_path
     spec = read_grid(grid_file(tmp_path, axes={"attention": ATTENTION, "seed": SEED}))
     assert spec.base == QUICKSTART.resolve()
     assert [cell.name for cell in cells(spec)] == [
-        "softmax/seed1", "softmax/seed2", "poly3/seed1", "poly3/seed2", "poly3-scaled/seed1", "poly3-scaled/seed2"
+        "softmax/seed1",
+        "softmax/seed2",
+        "poly3/seed1",
+        "poly3/seed2",
+        "poly3-scaled/seed1",
+        "poly3-scaled/seed2",
     ]
     cell = cells(spec)[5]
     assert cell.labels == {"attention": "poly3-scaled", "seed": "seed2"}
-    assert cell.settings == {"model.init_args.attention": {"name": "poly3", "scale": "inv_sqrt_n"},
-                             "seed_everything": 2}
+    assert cell.settings == {
+        "model.init_args.attention": {"name": "poly3", "scale": "inv_sqrt_n"},
+        "seed_everything": 2,
+    }
 
 
 def test_zipped_axes_move_together_and_share_a_name_part(tmp_path):
     lr = {"key": "model.init_args.optim.lr", "values": [0.1, 0.2, 0.3], "label": "lr{}"}
-    spec = read_grid(grid_file(tmp_path, axes={"attention": ATTENTION, "seed": SEED, "lr": lr},
-                               zip=[["attention", "lr"]]))
+    spec = read_grid(
+        grid_file(tmp_path, axes={"attention": ATTENTION, "seed": SEED, "lr": lr}, zip=[["attention", "lr"]])
+    )
     names = [cell.name for cell in cells(spec)]
-    assert names == ["softmax-lr0.1/seed1", "softmax-lr0.1/seed2", "poly3-lr0.2/seed1", "poly3-lr0.2/seed2",
-                     "poly3-scaled-lr0.3/seed1", "poly3-scaled-lr0.3/seed2"]
+    assert names == [
+        "softmax-lr0.1/seed1",
+        "softmax-lr0.1/seed2",
+        "poly3-lr0.2/seed1",
+        "poly3-lr0.2/seed2",
+        "poly3-scaled-lr0.3/seed1",
+        "poly3-scaled-lr0.3/seed2",
+    ]
     assert cells(spec)[4].settings["model.init_args.optim.lr"] == 0.3
 
 
@@ -77,28 +92,53 @@ def test_a_cells_command_trains_it_alone_in_its_folder(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ({"axes": {"attention": ATTENTION}, "axis": 1}, r"grid\.yaml: unknown key axis \(did you mean axes\?\); "
-                                                        r"expected one of name, base, args, axes"),
+        (
+            {"axes": {"attention": ATTENTION}, "axis": 1},
+            r"grid\.yaml: unknown key axis \(did you mean axes\?\); "
+            r"expected one of name, base, args, axes",
+        ),
         ({"axes": {"attention": {**ATTENTION, "values": []}}}, r"grid\.yaml: axes\.attention: values is empty"),
         ({"axes": {}}, r"grid\.yaml: axes is empty"),
-        ({"axes": {"attention": ATTENTION, "seed": SEED}, "zip": [["attention", "seed"]]},
-         r"zip \['attention', 'seed'\]: axes that move together need as many values each \(attention has 3, "
-         r"seed has 2\)"),
-        ({"axes": {"a": {"key": "seed_everything", "values": {"x": 1, "y": 2}},
-                   "b": {"key": "trainer.max_steps", "values": {"x": 1}}}, "zip": [["a", "b"]]},
-         r"zip \['a', 'b'\]: axes that move together need as many values each"),
+        (
+            {"axes": {"attention": ATTENTION, "seed": SEED}, "zip": [["attention", "seed"]]},
+            r"zip \['attention', 'seed'\]: axes that move together need as many values each \(attention has 3, "
+            r"seed has 2\)",
+        ),
+        (
+            {
+                "axes": {
+                    "a": {"key": "seed_everything", "values": {"x": 1, "y": 2}},
+                    "b": {"key": "trainer.max_steps", "values": {"x": 1}},
+                },
+                "zip": [["a", "b"]],
+            },
+            r"zip \['a', 'b'\]: axes that move together need as many values each",
+        ),
         ({"axes": {"seed": {"key": "seed_everything", "values": [1, 1]}}}, r"grid\.yaml: two cells are named 1"),
-        ({"axes": {"seed": {"key": "seed_everything", "values": [1], "label": "s/{}"}}},
-         r"axes\.seed: label 's/1': expected letters, digits and \. _ = \+ - \(it names a folder\)"),
-        ({"axes": {"attention": {**ATTENTION, "values": [{"name": "poly3"}]}}},
-         r"axes\.attention: values\[0\] is a dict: give the values as a mapping label -> value"),
-        ({"axes": {"seed": SEED}, "report": {"seeds": "seeds"}}, r"report\.seeds: no axis 'seeds'; the axes: seed"),
-        ({"axes": {"attention": ATTENTION}, "report": {"baseline": {"attention": "softmx"}}},
-         r"report\.baseline attention: softmx: expected an axis and one of its labels \(attention: softmax, poly3"),
-        ({"axes": {"seed": SEED}, "args": {"seed_everything": 3}},
-         r"seed_everything is set in args and by axes\.seed; expected one of them"),
-        ({"axes": {"seed": SEED}, "base": "../configs/classification/missing.yaml"},
-         r"grid\.yaml: base \.\./configs/classification/missing\.yaml: no such config file \("),
+        (
+            {"axes": {"seed": {"key": "seed_everything", "values": [1], "label": "s/{}"}}},
+            r"axes\.seed: label 's/1': expected letters, digits and \. _ = \+ - \(it names a folder\)",
+        ),
+        (
+            {"axes": {"attention": {**ATTENTION, "values": [{"name": "poly3"}]}}},
+            r"axes\.attention: values\[0\] is a dict: give the values as a mapping label -> value",
+        ),
+        (
+            {"axes": {"seed": SEED}, "report": {"seeds": "seeds"}},
+            r"grid\.yaml: report\.seeds: 'seeds' is not an axis \(did you mean 'seed'\?\); axes: seed$",
+        ),
+        (
+            {"axes": {"attention": ATTENTION}, "report": {"baseline": {"attention": "softmx"}}},
+            r"grid\.yaml: report\.baseline: 'softmx' is not a label of axis 'attention'; labels: softmax, poly3",
+        ),
+        (
+            {"axes": {"seed": SEED}, "args": {"seed_everything": 3}},
+            r"seed_everything is set in args and by axes\.seed; expected one of them",
+        ),
+        (
+            {"axes": {"seed": SEED}, "base": "../configs/classification/missing.yaml"},
+            r"grid\.yaml: base \.\./configs/classification/missing\.yaml: no such config file \(",
+        ),
     ],
 )
 def test_a_bad_grid_file_is_one_line_naming_the_file_and_key(tmp_path, content, message):
@@ -111,15 +151,24 @@ def test_a_bad_grid_file_is_one_line_naming_the_file_and_key(tmp_path, content, 
 @pytest.mark.parametrize(
     ("axis", "message"),
     [
-        ({"key": "model.init_args.atention", "values": ["relu"]},
-         r"grid\.yaml: axes\.x relu: model\.init_args\.atention is not an option of ClassificationModule "
-         r"\(did you mean model\.init_args\.attention\?\)"),
-        ({"key": "trainer.max_step", "values": [3]},
-         r"grid\.yaml: axes\.x 3: unknown option --trainer\.max_step \(did you mean --trainer\.max_steps\?\)"),
-        ({"key": "trainer.max_steps", "values": ["three"]},
-         r"grid\.yaml: axes\.x three: Parser key \"trainer\.max_steps\": Expected a <class 'int'>\. Got value: three"),
-        ({"key": "model.init_args.attention", "values": ["poly9"]},
-         r"grid\.yaml: axes\.x poly9: model\.init_args\.attention: poly9: the power must be an integer from 1 to 8"),
+        (
+            {"key": "model.init_args.atention", "values": ["relu"]},
+            r"grid\.yaml: axes\.x relu: model\.init_args\.atention is not an option of ClassificationModule "
+            r"\(did you mean model\.init_args\.attention\?\)",
+        ),
+        (
+            {"key": "trainer.max_step", "values": [3]},
+            r"grid\.yaml: axes\.x 3: unknown option --trainer\.max_step \(did you mean --trainer\.max_steps\?\)",
+        ),
+        (
+            {"key": "trainer.max_steps", "values": ["three"]},
+            r"grid\.yaml: axes\.x three: Parser key \"trainer\.max_steps\": Expected a <class 'int'>\. "
+            r"Got value: three",
+        ),
+        (
+            {"key": "model.init_args.attention", "values": ["poly9"]},
+            r"grid\.yaml: axes\.x poly9: model\.init_args\.attention: poly9: the power must be an integer from 1 to 8",
+        ),
     ],
 )
 def test_an_axis_key_or_value_the_cli_refuses_is_named_with_the_closest_key(tmp_path, axis, message):
@@ -132,8 +181,11 @@ def test_an_axis_key_or_value_the_cli_refuses_is_named_with_the_closest_key(tmp_
 
 def test_a_base_without_a_folder_logger_is_refused(tmp_path):
     spec = read_grid(grid_file(tmp_path, args={"trainer.logger": False}, axes={"seed": SEED}))
-    with pytest.raises(ConfigError, match=r"trainer\.logger is False; a grid cell's run folder is its "
-                                          r"TensorBoardLogger's"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer\.logger is False; a grid cell's run folder is its "
+        r"TensorBoardLogger's",
+    ):
         check_keys(spec)
 
 
