@@ -91,8 +91,6 @@ def run(args) -> int:
     folder = args.out or default_dir(spec)
     check_keys(spec)
     launcher = LAUNCHERS[args.launcher]
-    if importlib.util.find_spec(launcher) is None:
-        raise ConfigError(f"--launcher {args.launcher}: not yet available in this version; use --launcher local")
     settings = {**spec.launcher.get(args.launcher, {}), "parallel": args.parallel}
     if args.dry_run:
         return dry_run(spec, grid_cells, folder, importlib.import_module(launcher), settings)

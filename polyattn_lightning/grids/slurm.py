@@ -50,8 +50,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError, closest_option
 from .folder import (
@@ -194,8 +195,10 @@ def describe(jobs: list[Job], log_dir: Path, settings: dict[str, Any]) -> str:
         [
             f"--launcher slurm: {submission(len(jobs))} through submitit; its sbatch script:",
             *(f"    {line}" for line in lines),
-            f"    each task: the cell's fit in the task's process, with --trainer.plugins+=SLURMEnvironment"
-            f"(requeue_signal={requeue_signal()})",
+            (
+                "    each task: the cell's fit in the task's process, with --trainer.plugins+=SLURMEnvironment"
+                f"(requeue_signal={requeue_signal()})"
+            ),
         ]
     )
 

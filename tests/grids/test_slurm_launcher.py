@@ -157,7 +157,7 @@ def test_the_array_goes_through_submitit_and_only_the_cancelled_cell_is_submitte
     assert "--array=0-5%2" in output and "--signal=USR2@90" in output and "--requeue" in output
     assert re.search(r"SLURM job \d+: [0-6] queued, [0-2] running, waiting for [1-6] tasks", output), output
     interrupted = rf"^interrupted {re.escape(cancelled)} \(task {tasks[cancelled]}, CANCELLED\): was interrupted; "
-    assert re.search(interrupted + r"resumes from hpc_ckpt_1\.ckpt$", output, re.M), output
+    assert re.search(interrupted + r"resumes from hpc_ckpt_1\.ckpt$", output, re.MULTILINE), output
     assert f"finished {preempted} (task {tasks[preempted]}) " in output  # requeued by SLURM, within this run
     assert "grid digits-slurm: 5 done, 0 failed, 0 skipped, 1 interrupted" in output
     code, output = grid["second"]
@@ -178,7 +178,7 @@ def test_every_cell_is_trained_exactly_once_and_the_stopped_ones_resume_from_the
         assert steps(folder, name) == list(range(STEPS)), name  # every step once, over all attempts
         runs = cell_record(folder, name)["runs"]
         log = (folder / "cells" / name / "cell.log").read_text()
-        headers = re.findall(r"^==== \S+ grid: (starting|resuming from \S+): polyattn fit ", log, re.M)
+        headers = re.findall(r"^==== \S+ grid: (starting|resuming from \S+): polyattn fit ", log, re.MULTILINE)
         if name not in (cancelled, preempted):
             assert [(run["attempt"], run["exit"], run["resumed_from"]) for run in runs] == [(1, 0, None)], name
             assert headers == ["starting"], name
@@ -201,6 +201,7 @@ def test_the_report_matches_every_cells_own_metrics_file(grid):
     folder = grid["folder"]
     result = subprocess.run(
         [sys.executable, "-m", "polyattn_lightning", "grid", "report", str(folder)],
+        check=False,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
         capture_output=True,
         text=True,
