@@ -14,7 +14,6 @@ failed, else 0.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -43,8 +42,6 @@ from ..grids.spec import cells, check_keys, read_grid
 #: file's ``launcher.<name>`` mapping and ``parallel``), which returns a ``grids.local.Launched`` when they end;
 #: ``--dry-run`` also prints its ``describe(jobs, folder, settings)`` where it has one.
 LAUNCHERS = {"local": "polyattn_lightning.grids.local", "slurm": "polyattn_lightning.grids.slurm"}
-#: The module that writes a grid's tables and figures (``write_report(grid_dir)``).
-REPORT_MODULE = "polyattn_lightning.grids.report"
 #: Exit status after a Ctrl-C (as a shell reports a program SIGINT ended).
 EXIT_INTERRUPTED = 130
 
@@ -76,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = report_parser().parse_args(argv[1:]).dir
         if not (folder / GRID_JSON).is_file():
             raise MissingPathError(f"{folder}: no {GRID_JSON}: expected the folder of a grid `polyattn grid` ran")
-        return write_report(folder, GridLog(folder))
+        return write_report(folder)
     status = run(parser().parse_args(argv))
     if status:
         raise SystemExit(status)
@@ -120,7 +117,7 @@ def run(args) -> int:
     if launched.stopped:
         log.say(f"stopped by Ctrl-C; to go on, run again: {rerun}")
         return EXIT_INTERRUPTED
-    write_report(folder, log)
+    write_report(folder)
     if counts["failed"]:
         log.say(
             f"{counts['failed']} cells failed (their logs: {folder}/cells/<cell>/cell.log); run again to retry: {rerun}"
@@ -167,12 +164,8 @@ def dry_run(spec, grid_cells, folder: Path, launcher, settings: dict) -> int:
     return 0
 
 
-def write_report(folder: Path, log: GridLog) -> None:
-    """The grid's report (``grids.report.write_report``), or one line saying this version has none."""
-    if importlib.util.find_spec(REPORT_MODULE) is None:
-        log.say(
-            f"report: not available in this version ({REPORT_MODULE} is not installed); the cells' results are "
-            f"in {folder}/cells/<cell>/metrics.json"
-        )
-        return
-    importlib.import_module(REPORT_MODULE).write_report(folder)
+def write_report(folder: Path) -> None:
+    """The grid's tables and figures (``grids.report.write_report``)."""
+    from ..grids.report import write_report as write  # on first use: matplotlib loads in a second or so
+
+    write(folder)
