@@ -8,9 +8,11 @@ greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own `
 model objects (the same weights), each switched to ``poly3`` and generating with either implementation in turn
 (``set_attn_implementation`` before each generation, some 30 us, timed with it; the switch leaves HF's
 attention module code as it was): an object's placement in memory moves its generation time by a few percent,
-more than the difference measured, and both cases of one object share it. Besides the ratio of the pooled
-medians, the ``generate`` part reports the median of the paired ratios (one object, one round) with its
-distribution-free 95% interval, which narrows as ``--repeats`` grows; ``calls``, one
+more than the difference measured, and both cases of one object share it. The ``generate`` part's ratio (its
+table's ``x sdpa`` column and the headline line under it) is therefore the median of the paired ratios (one object,
+one round), with its distribution-free 95% interval, which narrows as ``--repeats`` grows; its times are the medians
+of all objects' samples together (the ratio of those, in the JSON's ``ratio_time``, mixes the objects' placements
+and may differ from it); ``calls``, one
 attention call of that model's decoding step (1 query row against ``--cache`` keys, 72 = the mean cache of
 the generation), HF's ``sdpa`` function against ``polyattn_attention`` (its C++ step on CPU) and against the
 PyTorch step alone (``materialized_step``, what runs without the C++ build), in microseconds. The cases of each
@@ -177,6 +179,30 @@ def summarise(times: dict[str, list[float]], base: str, per: int, unit: str) -> 
     return cases
 
 
+def generation_text(report: dict, new_tokens: int) -> str:
+    """The ``generate`` part's table and headline: each case's median time over all objects' samples, and one
+    ratio, the paired median (:func:`paired`), in the table's ``x sdpa`` column and, with its 95% interval, in the
+    headline under it."""
+    pairs = report["llama_generate_paired"]
+    ratios = {"sdpa": 1.0, "poly3": pairs["median"]}
+    rows = [
+        f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {ratios[name]:.3f} |"
+        for name, e in report["llama_generate"].items()
+    ]
+    copies = report["llama_generate_copies"]
+    low, high = pairs["ci95"]
+    return "\n".join(
+        [
+            f"tiny Llama generating {new_tokens} tokens with the KV cache",
+            "| case | s (median, all objects) | tokens/s | x sdpa (paired median) |\n|---|---|---|---|",
+            *rows,
+            "each object's median (s): " + ", ".join(f"{name} {e['s']:.4f}" for name, e in copies.items()),
+            f"poly3 / sdpa: {pairs['median']:.3f}x, 95% interval {low:.3f}-{high:.3f} (the median of "
+            f"{pairs['pairs']} paired ratios, one object and one round each: the table's x sdpa)",
+        ]
+    )
+
+
 PARTS = ("minilm", "generate", "calls")
 
 
@@ -224,18 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, e in report["minilm_step"].items():
             print(f"| {name} | {e['s']:.3f} | {e['ratio_time']:.3f} |")
     if "llama_generate" in report:
-        print(f"tiny Llama generating {args.new_tokens} tokens with the KV cache")
-        print("| case | s | tokens/s | x sdpa |\n|---|---|---|---|")
-        for name, e in report["llama_generate"].items():
-            print(f"| {name} | {e['s']:.3f} | {e['tokens_per_s']:.1f} | {e['ratio_time']:.3f} |")
-        copies = report["llama_generate_copies"]
-        print("each object's median (s):", ", ".join(f"{name} {e['s']:.4f}" for name, e in copies.items()))
-        pairs = report["llama_generate_paired"]
-        low, high = pairs["ci95"]
-        print(
-            f"poly3 / sdpa paired (one object, one round): median {pairs['median']:.3f}, "
-            f"95% interval {low:.3f}-{high:.3f}, {pairs['pairs']} pairs"
-        )
+        print(generation_text(report, args.new_tokens))
     if "decode_call" in report:
         print(f"one attention call of its decoding step, 1 query row x {args.cache} cached keys")
         print("| case | us/call | x sdpa |\n|---|---|---|")

@@ -1,6 +1,6 @@
 """Task-agnostic callbacks for long cluster runs. The CLI adds the standard ones to every run under short keys
-(``--nan_guard.on_nonfinite skip``: :mod:`.standard`); the opt-in ones go in ``trainer.callbacks`` by class
-name or full path (``--trainer.callbacks+=AttentionMaps``; jsonargparse finds any imported Callback subclass)."""
+(``--nan_guard.on_nonfinite skip``: :mod:`.standard`), the opt-in ones (EMA, attention maps) where their key is
+given or named in ``callbacks_on``; any of them also goes in ``trainer.callbacks`` by class name or full path."""
 
 from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms

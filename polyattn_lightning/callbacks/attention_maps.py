@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -11,21 +11,25 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import move_data_to_device
+from torch.utils.data import IterableDataset
 
 from .. import deprecated
 from ..diagnostics.figures import attention_pictures
-from ..diagnostics.probe import LayerRef, follow_probe, probe_batch
+from ..diagnostics.probe import LayerRef, follow_probe, probe_batch, spread_indices
 from ..sharding import sharded_strategy
 
 
 class AttentionMaps(Callback):
     """At the end of validation, draw :func:`attention_pictures` on a fixed probe batch.
 
-    The probe is the first ``probe_size`` samples of the first validation batch,
-    taken once. PNGs go to ``<log dir>/attention_maps/step{global step}_{heatmaps,overlay}.png``
-    and to TensorBoard (``add_figure``) when the run logs there; with other loggers
-    the files are the record. Only global rank zero draws and writes; no rank waits. Under the
-    sharded strategy every rank runs the probe forward (each block is gathered from all ranks).
+    The probe is ``probe_size`` validation samples spread over the classes (:func:`spread_indices`, the labels
+    read by the data module's ``split_labels``; evenly spaced over the validation set where they are unknown),
+    taken once: an image folder's validation set is sorted by class. Where the validation data cannot be indexed
+    (an iterable data set) it is the first validation batch's first samples. PNGs go to
+    ``<log dir>/attention_maps/step{global step}_{heatmaps,overlay}.png`` and to TensorBoard (``add_figure``)
+    when the run logs there; with other loggers the files are the record. Only global rank zero draws and writes;
+    no rank waits. Under the sharded strategy every rank runs the probe forward (each block is gathered from all
+    ranks).
     """
 
     def __init__(
@@ -65,7 +69,21 @@ class AttentionMaps(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self._probe is None and self._probes(trainer) and not trainer.sanity_checking:
-            self._probe = probe_batch(pl_module, batch, self.probe_size)
+            spread = self._spread_batch(trainer, dataloader_idx)
+            self._probe = probe_batch(pl_module, batch if spread is None else spread, self.probe_size)
+
+    def _spread_batch(self, trainer: pl.Trainer, dataloader_idx: int) -> Any:
+        """A batch of ``probe_size`` samples of the validation set spread over its classes, made as the loader
+        makes its batches and moved to the device as Lightning moves them; None where the set cannot be indexed."""
+        loaders = trainer.val_dataloaders
+        loader = loaders[dataloader_idx] if isinstance(loaders, (list, tuple)) else loaders
+        dataset = getattr(loader, "dataset", None)
+        if isinstance(dataset, IterableDataset) or not isinstance(dataset, Sized) or not len(dataset):
+            return None
+        split_labels = getattr(trainer.datamodule, "split_labels", None)  # the project's DataModule has it
+        indices = spread_indices(len(dataset), self.probe_size, split_labels(dataset) if split_labels else None)
+        batch = loader.collate_fn([dataset[index] for index in indices])
+        return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
 
     @staticmethod
     def _probes(trainer: pl.Trainer) -> bool:

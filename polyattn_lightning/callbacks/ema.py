@@ -1,6 +1,6 @@
-"""The EMA of the weights (opt-in: ``configs/classification/trainer/callbacks/ema.yaml``): Lightning's
-``EMAWeightAveraging``,
-without a warning that does not apply to the strategies that build whole models.
+"""The EMA of the weights (opt-in: ``--callbacks_on [ema]``, ``--ema.decay``, or
+``configs/classification/trainer/callbacks/ema.yaml``): Lightning's ``EMAWeightAveraging``, without a warning
+that does not apply to the strategies that build whole models.
 
 Lightning's ``WeightAveraging`` makes its averaged copy in ``setup()``, which runs before Lightning calls the
 module's ``configure_model``; so for a module that overrides it (every task here: ``tasks/base.py`` builds the

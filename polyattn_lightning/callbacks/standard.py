@@ -2,8 +2,9 @@
 
 The CLI adds each one with LightningCLI's ``add_lightning_class_args``, so its options are set alone
 (no restating of the ``trainer.callbacks`` list) and ``--print_config`` shows them. ``callbacks_off``
-(a top-level list, ``--callbacks_off [norms, predictions]``) leaves some out. Opt-in callbacks
-(``EMA``, ``AttentionMaps``) stay under ``trainer.callbacks``.
+(a top-level list, ``--callbacks_off [norms, predictions]``) leaves some out. The opt-in ones (``ema``,
+``attention_maps``) have short keys too, and run where that key is given (``--attention_maps.every_n_epochs 5``,
+or on the command line alone) or named in ``callbacks_on`` (``--callbacks_on [ema]``, with their defaults).
 
 ``trainer.callbacks`` stays the user's list, as in Lightning (:func:`merge_callbacks`): an entry is the standard
 callback whose Lightning identity (``Callback.state_key``) it has, and replaces it with its own settings, unless
@@ -24,7 +25,9 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 
 from ..errors import ConfigError
 
+from .attention_maps import AttentionMaps
 from .attention_norms import AttentionNorms
+from .ema import EMA
 from .memory import MemoryReport
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
@@ -41,12 +44,14 @@ LAST_FILENAME = "last"
 
 @dataclass(frozen=True)
 class StandardCallback:
-    """One standard callback: its short key, class, defaults that differ from the class's, and what it does."""
+    """One standard callback: its short key, class, defaults that differ from the class's, what it does, and
+    whether it runs only where its key is given or named in ``callbacks_on`` (``opt_in``)."""
 
     key: str
     cls: type[Callback]
     help: str
     defaults: dict[str, Any] = field(default_factory=dict)
+    opt_in: bool = False
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -119,8 +124,22 @@ STANDARD_CALLBACKS = (
         "where stdout is not a terminal or the run has no progress bar: a line every every_n_steps steps or "
         "every_seconds s (step, loss, steps/s, time left), and a heartbeat while one step runs over heartbeat_seconds",
     ),
+    StandardCallback(
+        "ema",
+        EMA,
+        "opt-in: an EMA of the weights (Lightning's EMAWeightAveraging), used by validation and saved in checkpoints",
+        opt_in=True,
+    ),
+    StandardCallback(
+        "attention_maps",
+        AttentionMaps,
+        "opt-in: attention heat maps and overlays of a probe batch after validation, in <run folder>/attention_maps/",
+        opt_in=True,
+    ),
 )
 STANDARD_KEYS = tuple(callback.key for callback in STANDARD_CALLBACKS)
+#: The standard callbacks that run only where asked for (their short key given, or named in ``callbacks_on``).
+OPT_IN_KEYS = tuple(callback.key for callback in STANDARD_CALLBACKS if callback.opt_in)
 
 
 def task_monitor(task_class: type | None) -> tuple[str | None, str]:

@@ -21,7 +21,7 @@ from ..checkpoint import CheckpointLoadError, load_checkpoint
 from ..errors import ConfigError, MissingPathError
 from ..sharding.checkpoints import check_sharded_folder
 from .config import init_args
-from .runs import EVALUATION_VERBS, RUNS_DIR, checkpoint_run_dir, names_a_path, saved_configs
+from .runs import EVALUATION_VERBS, RUNS_DIR, checkpoint_run_dir, names_a_path, newest_saved_config
 
 #: How many checkpoint files the error for a missing ``--ckpt_path`` lists.
 SHOWN_CHECKPOINTS = 10
@@ -160,10 +160,10 @@ def saved_run_config(args: list[str]) -> Path | None:
     if not Path(paths[-1]).is_file():
         raise MissingPathError(f"--ckpt_path {paths[-1]}: no such checkpoint file")
     run_dir = checkpoint_run_dir(paths[-1])
-    saved = saved_configs(run_dir)
-    if not saved:
+    saved = newest_saved_config(run_dir)
+    if saved is None:
         raise ConfigError(
             f"--ckpt_path {paths[-1]}: no --config given and no config.yaml beside it in {run_dir} (a run's "
             "checkpoints/ folder has one above it); give --config, the config it was trained with"
         )
-    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0)
+    return saved

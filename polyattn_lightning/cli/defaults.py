@@ -1,7 +1,7 @@
 """What the project adds to LightningCLI's parser: the defaults of ``trainer.precision`` (by the hardware),
 ``trainer.logger`` (TensorBoard under ``runs/``) and ``trainer.plugins`` (the safe checkpoint IO), and the standard
-callbacks under their short keys (``--nan_guard.on_nonfinite skip``) with ``callbacks_off``; and which of those
-short keys a run gives or leaves out, which decides how they merge with ``trainer.callbacks``."""
+callbacks under their short keys (``--nan_guard.on_nonfinite skip``) with ``callbacks_off`` and ``callbacks_on``;
+and which of those short keys a run gives or leaves out, which decides how they merge with ``trainer.callbacks``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 import torch
 
-from ..callbacks.standard import STANDARD_CALLBACKS, STANDARD_KEYS, resolve_checkpoint_monitor
+from ..callbacks.standard import OPT_IN_KEYS, STANDARD_CALLBACKS, STANDARD_KEYS, resolve_checkpoint_monitor
 from .config import component_class, init_args
 from .runs import RUNS_DIR
 
@@ -49,8 +49,8 @@ def batch_limits_read_as_counts(trainer_class: type) -> None:
 
 def add_defaults(parser) -> None:
     """The defaults of ``trainer.precision``, ``trainer.logger`` (TensorBoard under ``runs/``) and
-    ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys and
-    ``callbacks_off``."""
+    ``trainer.plugins`` (``SafeCheckpointIO``); :data:`STANDARD_CALLBACKS` under their short keys,
+    ``callbacks_off`` and ``callbacks_on``."""
     parser.set_defaults(
         {
             "trainer.precision": default_precision(),
@@ -72,11 +72,20 @@ def add_defaults(parser) -> None:
         f"{', '.join(STANDARD_KEYS)}); trainer.enable_checkpointing false leaves out both checkpoints, "
         "trainer.logger false the lr_monitor",
     )
+    parser.add_argument(
+        "--callbacks_on",
+        type=list[Literal[OPT_IN_KEYS]],
+        default=[],
+        help="opt-in callbacks to run with their defaults, e.g. [ema, attention_maps]; giving one of their options "
+        "(--attention_maps.every_n_epochs 5) runs it too",
+    )
 
 
-def standard_off(config) -> set[str]:
-    """The standard callbacks a run leaves out: ``callbacks_off``, and those the trainer settings rule out."""
+def standard_off(config, given: set[str]) -> set[str]:
+    """The standard callbacks a run leaves out: ``callbacks_off``, those the trainer settings rule out, and the
+    opt-in ones neither ``given`` (:func:`given_short_keys`) nor named in ``callbacks_on``."""
     off = set(config.get("callbacks_off") or [])
+    off |= set(OPT_IN_KEYS) - given - set(config.get("callbacks_on") or [])
     if config.trainer.get("enable_checkpointing") is False:
         off |= {"checkpoint", "last_checkpoint"}
     if config.trainer.get("logger") is False:

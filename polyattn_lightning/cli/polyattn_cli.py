@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from .. import data, tasks  # noqa: F401  (registers the short class names)
 from ..callbacks.preemption import EXIT_INTERRUPTED, StopOnSignal
-from ..callbacks.standard import merge_callbacks
+from ..callbacks.standard import OPT_IN_KEYS, merge_callbacks
 from ..sharding import ShardedStrategy, build_later
 from ..sharding.checkpoints import META_FILE
 from .ckpt_path import keep_run_outputs, load_errors_named, saved_run_config, say_replaced, sharded_folder
@@ -136,16 +136,18 @@ class PolyattnCLI(LightningCLI):
         """The trainer with the user's ``trainer.callbacks`` and the standard callbacks this run does not leave out
         (:func:`~.defaults.standard_off`), merged by their identity (:func:`~.callbacks.standard.merge_callbacks`,
         one info line per decision). A listed entry left out for its short key is removed from the config the run
-        saves, so that config resumes with the same callbacks."""
+        saves, and an opt-in callback that runs is named in its ``callbacks_on``, so that config resumes with the
+        same callbacks."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        off = standard_off(config)
         parser = self._parser(self.subcommand)
+        given = given_short_keys(config, parser.get_defaults(), self.given_args)
+        off = standard_off(config, given)
+        config.callbacks_on = [key for key in OPT_IN_KEYS if key not in off]  # the saved config resumes with them
         standard = {key: self._get(self.config_init, key) for key in parser.callback_keys if key not in off}
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         listed, entries = as_list(trainer_config.get("callbacks")), as_list(config.trainer.get("callbacks"))
         settings = {key: init_args({"init_args": config.get(key)}) for key in standard}
         entry_args = [init_args(entry) for entry in entries] if len(entries) == len(listed) else [{}] * len(listed)
-        given = given_short_keys(config, parser.get_defaults(), self.given_args)
         merged = merge_callbacks(standard, list(zip(listed, entry_args)), settings, given)
         for message in merged.messages:
             rank_zero_info(message)

@@ -114,6 +114,13 @@ def saved_configs(run_dir: Path) -> list[Path]:
     return [path for path in run_dir.glob("config*.yaml") if re.fullmatch(r"config(\.\d+)?\.yaml", path.name)]
 
 
+def newest_saved_config(run_dir: Path) -> Path | None:
+    """The config the run's last start ran with (the highest ``config.<n>.yaml``, else ``config.yaml``); None where
+    the folder holds none (:func:`saved_configs`)."""
+    saved = saved_configs(run_dir)
+    return max(saved, key=lambda path: int(path.suffixes[0][1:]) if len(path.suffixes) > 1 else 0) if saved else None
+
+
 def resumed_run_dir(ckpt_path: str | os.PathLike | None) -> Path | None:
     """The run folder ``fit --ckpt_path`` continues in: the one above the checkpoint's ``checkpoints/`` folder, when
     a run of this CLI wrote it (a saved config is there); None for a checkpoint anywhere else."""

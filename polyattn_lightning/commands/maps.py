@@ -4,22 +4,27 @@ Draws the attention pictures of :mod:`~polyattn_lightning.callbacks.attention_ma
 (``DIR/heatmaps.png``: phi(S) per layer and head; ``DIR/overlay.png``: where the
 model looks, over each image) for a trained checkpoint and image files.
 The images get timm's evaluation transform (resize, centre crop, normalise)
-at the model's input size; ``--mean``/``--std`` must be the ones the model was
-trained with (ImageNet's by default; ``0.5 0.5 0.5`` for the digits quickstart).
+at the model's input size, normalised as the run's data module did: its mean and std are read from the config
+saved beside the checkpoint (:func:`run_normalisation`); ``--mean``/``--std`` given win, and ImageNet's are used
+where no saved config says.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+import yaml
 from lightning.pytorch import LightningModule
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 
 from .. import tasks
 from ..diagnostics.figures import attention_pictures
 from ..checkpoint import load_checkpoint
+from ..cli.config import class_from_path
+from ..cli.runs import checkpoint_run_dir, newest_saved_config
 from ..data.base import read_rgb
 from ..errors import ArgumentParser, ConfigError
 from ..sharding.checkpoints import check_sharded_folder, in_memory_file, read_consolidated
@@ -82,6 +87,53 @@ def input_size(module: LightningModule, given: int | None) -> int:
     return size if isinstance(size, int) else size[0]
 
 
+class Normalisation(NamedTuple):
+    """The per-channel mean and std images are normalised with, and where each was taken from, in words."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    mean_from: str
+    std_from: str
+
+    def describe(self) -> str:
+        """``mean 0.5 0.5 0.5, std 0.5 0.5 0.5 (where from)``."""
+
+        def numbers(values: tuple[float, ...]) -> str:
+            return " ".join(f"{value:g}" for value in values)
+
+        if self.mean_from == self.std_from:
+            return f"mean {numbers(self.mean)}, std {numbers(self.std)} ({self.mean_from})"
+        return f"mean {numbers(self.mean)} ({self.mean_from}), std {numbers(self.std)} ({self.std_from})"
+
+
+def run_normalisation(ckpt: Path) -> Normalisation | None:
+    """How the checkpoint's run normalised its images: its data module's
+    (:meth:`~..data.base.DataModule.normalisation`) with the init arguments of the config saved in its run folder
+    (:func:`~..cli.runs.newest_saved_config`); None where there is no such config or its data module does not say."""
+    config_path = newest_saved_config(checkpoint_run_dir(ckpt))
+    config = yaml.safe_load(config_path.read_text()) if config_path else None
+    data = config.get("data") if isinstance(config, dict) else None
+    cls = class_from_path(data.get("class_path")) if isinstance(data, dict) else None
+    found = cls.normalisation(data.get("init_args") or {}) if hasattr(cls, "normalisation") else None
+    if found is None:
+        return None
+    source = f"{cls.__name__} in {config_path}"
+    return Normalisation(tuple(found[0]), tuple(found[1]), source, source)
+
+
+def normalisation(args) -> Normalisation:
+    """``--mean``/``--std`` where given, else the run's (:func:`run_normalisation`), else ImageNet's."""
+    run = run_normalisation(args.ckpt) if args.mean is None or args.std is None else None
+    fallback = "ImageNet's: no config saved beside the checkpoint says; give --mean/--std"
+    default = run or Normalisation(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, fallback, fallback)
+    return Normalisation(
+        default.mean if args.mean is None else tuple(args.mean),
+        default.std if args.std is None else tuple(args.std),
+        default.mean_from if args.mean is None else "--mean",
+        default.std_from if args.std is None else "--std",
+    )
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="polyattn maps",
@@ -106,8 +158,13 @@ def parser() -> ArgumentParser:
         "it, else ClassificationModule)",
     )
     p.add_argument("--img-size", type=int, help="input side (default: the model's)")
-    p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_DEFAULT_MEAN, help="normalisation mean")
-    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_DEFAULT_STD, help="normalisation std")
+    p.add_argument(
+        "--mean",
+        type=float,
+        nargs=3,
+        help="normalisation mean (default: the run's, from the config saved beside the checkpoint; else ImageNet's)",
+    )
+    p.add_argument("--std", type=float, nargs=3, help="normalisation std (default: the run's, as --mean)")
     p.add_argument("--dpi", type=int, default=100)
     return p
 
@@ -117,7 +174,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = parser().parse_args(argv)
     module = load_module(args.ckpt, args.model_class)
     size = input_size(module, args.img_size)
-    transform = create_transform(input_size=size, is_training=False, crop_pct=1.0, mean=args.mean, std=args.std)
+    norm = normalisation(args)
+    print(f"normalisation: {norm.describe()}")
+    transform = create_transform(input_size=size, is_training=False, crop_pct=1.0, mean=norm.mean, std=norm.std)
     images = torch.stack([transform(read_rgb(path)) for path in args.image])
     caption = f"\n{args.ckpt.name}: {', '.join(path.name for path in args.image)}"
     figures = attention_pictures(module, images, args.layer, args.head, samples=len(args.image), caption=caption)

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import lightning.pytorch as pl
 import numpy as np
@@ -122,6 +122,13 @@ class DataModule(pl.LightningDataModule):
         """Called by the CLI with the init arguments before any model is built: raise a
         :class:`~polyattn_lightning.errors.MissingPathError` naming a data path that cannot be right (the default
         checks nothing: data generated on first use has no path)."""
+
+    @classmethod
+    def normalisation(cls, init_args: Mapping[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The per-channel mean and std a module of these init arguments (a saved config's ``data.init_args``)
+        normalises its images with, as ``polyattn maps`` must; None (the default) where it has no images or does
+        not say."""
+        return None
 
     def __init__(self, batch_size: int = 64, num_workers: int = 4, pin_memory: bool = True):
         """

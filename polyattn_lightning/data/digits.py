@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,8 @@ class DigitsDataModule(DataModule):
     num_classes = 10
     classes = [str(digit) for digit in range(10)]
     sample_noun = "images"
+    #: every channel's normalisation of the pixel values (in [0, 1]): ``(x - MEAN) / STD``
+    MEAN, STD = 0.5, 0.5
 
     def __init__(
         self,
@@ -42,13 +47,17 @@ class DigitsDataModule(DataModule):
         digits = load_digits()
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
         images = F.interpolate(images, size=self.img_size, mode="bilinear", align_corners=False)
-        images = ((images - 0.5) / 0.5).expand(-1, 3, -1, -1).contiguous()
+        images = ((images - self.MEAN) / self.STD).expand(-1, 3, -1, -1).contiguous()
         labels = torch.as_tensor(digits.target, dtype=torch.long)
         train_idx, val_idx = train_test_split(
             torch.arange(len(labels)), test_size=self.val_fraction, random_state=self.split_seed, stratify=labels
         )
         self.train_set = TensorDataset(images[train_idx], labels[train_idx])
         self.val_set = TensorDataset(images[val_idx], labels[val_idx])
+
+    @classmethod
+    def normalisation(cls, init_args: Mapping[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        return (cls.MEAN,) * 3, (cls.STD,) * 3
 
     def split_labels(self, dataset: Dataset | None) -> np.ndarray | None:
         """A split's labels: the second tensor of its ``TensorDataset``."""

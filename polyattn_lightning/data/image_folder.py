@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
@@ -64,6 +66,13 @@ class ImageFolderDataModule(DataModule):
         self.recipe: AugmentRecipe | None = augment  # the one in use: chosen at setup when not given
         self.check_images = check_images
         self.predict_root = None if predict_root is None else Path(predict_root).expanduser()
+
+    @classmethod
+    def normalisation(cls, init_args: Mapping[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The ``augment`` recipe's mean and std; ImageNet's where it is not given (both default recipes have
+        them)."""
+        augment = init_args.get("augment") or {}
+        return tuple(augment.get("mean", AugmentRecipe.mean)), tuple(augment.get("std", AugmentRecipe.std))
 
     @classmethod
     def check_paths(cls, root: str, **_) -> None:

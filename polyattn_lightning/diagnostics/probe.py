@@ -2,9 +2,10 @@
 
 What every diagnostic shares (the norm and map callbacks, ``polyattn maps``, the benches): which layers
 (:func:`select_layers`), which input (:func:`probe_batch`: a task's ``attention_probe`` hook, else
-:func:`default_probe`), a forward that leaves training as it would have been (:func:`probing`: no grad, eval
-mode, every ``training`` flag and RNG state put back) and what each layer attended (:func:`probe_attention`,
-through the ``capture`` contract of :mod:`polyattn_lightning.attention.switch.base`).
+:func:`default_probe`; which samples: :func:`spread_indices`), a forward that leaves training as it would have
+been (:func:`probing`: no grad, eval mode, every ``training`` flag and RNG state put back) and what each layer
+attended (:func:`probe_attention`, through the ``capture`` contract of
+:mod:`polyattn_lightning.attention.switch.base`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor, nn
@@ -110,6 +112,20 @@ def probe_batch(pl_module: nn.Module, batch: Any, size: int) -> Any:
     (:meth:`~polyattn_lightning.tasks.base.TaskModule.attention_probe`), else :func:`default_probe`'s."""
     hook = getattr(pl_module, "attention_probe", None)  # a LightningModule not built on the tasks' base has none
     return hook(batch, size) if hook is not None else default_probe(pl_module, batch, size)
+
+
+def spread_indices(count: int, size: int, labels: Sequence[int] | np.ndarray | None = None) -> list[int]:
+    """``size`` (at most ``count``) indices of a data set of ``count`` samples, spread over it: where ``labels``
+    (each sample's class) are known, each class's first sample in class order, then each class's second, and so
+    on; else evenly spaced. So a probe of a validation set sorted by class (an image folder) holds several classes,
+    not the first class's first samples."""
+    size = min(size, count)
+    if labels is None:
+        return [i * count // size for i in range(size)]
+    labels = np.asarray(labels)
+    by_class = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    rounds = (members[turn] for turn in range(max(map(len, by_class))) for members in by_class if turn < len(members))
+    return [int(index) for _, index in zip(range(size), rounds)]
 
 
 def default_probe(pl_module: nn.Module, batch: Any, size: int) -> Any:

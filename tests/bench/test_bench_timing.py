@@ -1,6 +1,8 @@
 """bench/timing.py: the helpers every benchmark command times, measures and records the machine with."""
 import json
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -23,6 +25,17 @@ def test_step_peak_bytes_counts_what_the_step_allocates_above_the_level_before()
     peak = step_peak_bytes(lambda: torch.ones(1 << 18) + 1, torch.device("cpu"))  # two 1 MiB tensors live at once
     assert 2 * size <= peak < 3 * size
     del held
+
+
+def test_a_cpu_memory_profile_prints_nothing_about_a_missing_gpu():
+    """A CUDA build of torch without a GPU (as here) printed ``gpuGetDeviceCount failed`` at every CPU profile."""
+    code = ("import torch; from polyattn_lightning.bench.timing import step_peak_bytes; "
+            "print(step_peak_bytes(lambda: torch.ones(1 << 18) + 1, torch.device('cpu')))")
+    env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.splitlines()[-1]) >= 2 * 4 * (1 << 18)  # the profile still ran
+    assert "gpuGetDeviceCount" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
 
 
 def test_machine_records_the_load_before_and_after_under_one_key_pair():

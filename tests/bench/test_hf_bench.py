@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from polyattn_lightning.bench.__main__ import main as bench_main
-from polyattn_lightning.bench.hf import paired
+from polyattn_lightning.bench.hf import generation_text, paired, pooled, summarise
 
 
 def test_hf_bench_reports_ratios(tmp_path):
@@ -51,3 +52,22 @@ def test_hf_bench_runs_only_the_parts_asked_and_refuses_unknown_ones(tmp_path, c
     with pytest.raises(SystemExit):
         bench_main(["hf", "--parts", "generation"])
     assert "--parts: unknown ['generation']" in capsys.readouterr().err
+
+
+def test_the_generation_table_and_headline_give_one_ratio_the_paired_median_with_its_interval():
+    # three objects whose placement makes them fast or slow: paired ratios 1.2, 0.95 and 1.1 each round, while the
+    # pooled medians (2.0 and 1.9 s) give 0.95, a ratio no object measured
+    base, ratio = {0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.2, 1: 0.95, 2: 1.1}
+    times = {f"sdpa#{i}": [base[i] * (1 + r / 1000) for r in range(4)] for i in base}
+    times.update({f"poly3#{i}": [t * ratio[i] for t in times[f"sdpa#{i}"]] for i in base})
+    report = {"llama_generate": summarise(pooled(times), "sdpa", 128, "tokens"),
+              "llama_generate_copies": summarise(times, "sdpa#0", 128, "tokens"),
+              "llama_generate_paired": paired(times, "poly3", "sdpa")}
+    assert report["llama_generate"]["poly3"]["ratio_time"] == pytest.approx(0.95, abs=0.01)  # the pooled one
+    text = generation_text(report, 128)
+    header, _, sdpa_row, poly3_row = text.splitlines()[1:5]
+    assert header.split("|")[4].strip() == "x sdpa (paired median)"
+    assert sdpa_row.split("|")[4].strip() == "1.000" and poly3_row.split("|")[4].strip() == "1.100"
+    [headline] = [line for line in text.splitlines() if line.startswith("poly3 / sdpa")]
+    assert re.match(r"poly3 / sdpa: 1\.100x, 95% interval 0\.950-1\.200 \(the median of 12 paired ratios", headline)
+    assert "0.95x" not in text and "0.950 |" not in text  # the pooled medians' ratio is not shown as a ratio

@@ -20,7 +20,7 @@ from polyattn_lightning.callbacks import (
     NonFiniteLossGuard,
     StopOnSignal,
 )
-from polyattn_lightning.callbacks.standard import STANDARD_KEYS
+from polyattn_lightning.callbacks.standard import OPT_IN_KEYS, STANDARD_KEYS
 from polyattn_lightning.errors import ConfigError
 
 from test_standard_callbacks import OLD_RUN, QUICKSTART, fit
@@ -153,7 +153,8 @@ def test_an_old_config_listing_standard_callbacks_runs_with_its_own_settings(tmp
         run = cli.make_cli(["--config", str(tmp_path / "config.yaml")], run=False)
     lines = info_lines(caplog)
     named = {key for key in STANDARD_KEYS for line in lines if f"--{key}:" in line or f"--{key} is left" in line}
-    assert named == set(STANDARD_KEYS) - {"preemption", "memory", "summary", "progress_lines"}, lines  # newer
+    newer = {"preemption", "memory", "summary", "progress_lines"}
+    assert named == set(STANDARD_KEYS) - newer - set(OPT_IN_KEYS), lines  # opt-in ones: not asked for, not run
     callbacks = run.trainer.callbacks
     assert [guard.on_nonfinite for guard in of_type(callbacks, NonFiniteLossGuard)] == ["skip"]
     assert [norms.every_n_steps for norms in of_type(callbacks, AttentionNorms)] == [7]

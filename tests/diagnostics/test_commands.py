@@ -13,6 +13,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from polyattn_lightning import cli
+from polyattn_lightning.data import ImageFolderDataModule
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -55,6 +56,30 @@ def test_maps_command_writes_pngs_of_the_expected_size(tmp_path, checkpoint, cap
         assert heat.size == (700, 620)
         assert overlay.size == (700, 660)
         assert np.asarray(heat.convert("L")).std() > 10  # not a blank canvas
+
+
+def test_maps_command_normalises_as_the_run_did_unless_told(tmp_path, checkpoint, capsys):
+    image = digit_png(tmp_path / "digit.png", 0)
+    config = checkpoint.parent.parent / "config.yaml"
+    maps = ["maps", "--image", str(image), "--out", str(tmp_path / "maps")]
+    cli.main([*maps, "--ckpt", str(checkpoint)])
+    assert f"normalisation: mean 0.5 0.5 0.5, std 0.5 0.5 0.5 (DigitsDataModule in {config})" in capsys.readouterr().out
+    cli.main([*maps, "--ckpt", str(checkpoint), "--mean", "0.1", "0.2", "0.3"])  # given: it wins
+    assert (f"normalisation: mean 0.1 0.2 0.3 (--mean), std 0.5 0.5 0.5 (DigitsDataModule in {config})"
+            in capsys.readouterr().out)
+    alone = tmp_path / "elsewhere" / "last.ckpt"  # no run folder, no saved config: ImageNet's, said
+    alone.parent.mkdir()
+    alone.write_bytes(checkpoint.read_bytes())
+    cli.main([*maps, "--ckpt", str(alone)])
+    assert ("normalisation: mean 0.485 0.456 0.406, std 0.229 0.224 0.225 (ImageNet's: no config saved beside the "
+            "checkpoint says; give --mean/--std)") in capsys.readouterr().out
+
+
+def test_an_image_folder_run_is_normalised_with_its_recipes_mean_and_std():
+    assert ImageFolderDataModule.normalisation({"root": "imgs", "augment": None}) == (
+        (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # both default recipes: ImageNet's
+    given = {"augment": {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "re_prob": 0.0}}  # as config.yaml saves it
+    assert ImageFolderDataModule.normalisation(given) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
 
 
 def user_error(capsys, argv: list[str]) -> str:
