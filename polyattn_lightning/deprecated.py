@@ -42,7 +42,8 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     f"{_A}.blocked": (f"{_KERNELS}.blocked",),
     f"{_A}.associative": (f"{_KERNELS}.associative",),
     f"{_A}.fused_cpu": (f"{_KERNELS}.fused_cpu",),
-    f"{_A}.cpp": (f"{_KERNELS}.cpp",),
+    f"{_A}.cpp": (f"{_KERNELS}.base.cpp",),
+    f"{_KERNELS}.cpp": (f"{_KERNELS}.base.cpp",),
     f"{_A}.triton_kernel": (f"{_KERNELS}.triton.op", f"{_KERNELS}.triton.launch", f"{_KERNELS}.triton"),
     f"{_A}.triton_selfcheck": (f"{_KERNELS}.triton.selfcheck",),
     f"{_A}.triton_static": (f"{_PACKAGE}.bench.triton_compile",),
@@ -85,6 +86,22 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
     },
     (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
     **{
+        (f"{_KERNELS}.power", name): (f"{_KERNELS}.base.state", name)
+        for name in ("monomials", "device_monomials", "features", "monomial_count", "power_of")
+    },
+    (f"{_KERNELS}.power", "state_size"): (f"{_KERNELS}.base.state", "monomial_count"),
+    (f"{_KERNELS}.power", "key_keep"): (f"{_KERNELS}.base.layout", "key_keep"),
+    (f"{_KERNELS}.power", "LENGTH_SCALE_CODES"): (f"{_KERNELS}.power.recurrent", "LENGTH_SCALE_CODES"),
+    **{
+        (f"{_KERNELS}.power", name): (f"{_KERNELS}.power.parallel", name)
+        for name in ("PowerAttentionCPU", "CausalPowerAttentionCPU", "CHUNK_ELEMENTS")
+    },
+    (f"{_SWITCH}.hf.interface", "Probe"): (f"{_SWITCH}.hf.switching", "Probe"),
+    (f"{_SWITCH}.hf.interface", "DECODE_ROWS"): (f"{_KERNELS}.base.contract", "STEP_ROWS"),
+    (f"{_SWITCH}.hf", "SAVED_IMPLEMENTATION_KEY"): (f"{_SWITCH}.hf.saved", "SAVED_IMPLEMENTATION_KEY"),
+    (f"{_SWITCH}.hf", "PROBE_ACTIVATION"): (f"{_SWITCH}.hf.switching", "PROBE_ACTIVATION"),
+    (f"{_SWITCH}.hf", "MAP_LAYOUTS"): (f"{_SWITCH}.hf.classes", "MAP_LAYOUTS"),
+    **{
         (module, "SlurmPreemption"): (f"{_PACKAGE}.callbacks.preemption", "StopOnSignal")
         for module in (f"{_PACKAGE}.callbacks", f"{_PACKAGE}.callbacks.preemption")
     },
@@ -103,6 +120,17 @@ REMOVED_ATTRIBUTES: dict[tuple[str, str], str] = {
     (f"{_A}.hf_calibration", "fold_temperatures"): (
         "polyattn_lightning.convert(model, activation, samples, method='calibrate'), which also folds the "
         "temperatures into the query projections"
+    ),
+    (f"{_KERNELS}.fused_cpu", "decode_with"): (
+        "attention(q, k, v, activation, temperature=t): a KV-cache step there runs the same C++ call, resolved once "
+        "per activation by the kernels (or fused_cpu.decode)"
+    ),
+    (f"{_SWITCH}.hf.interface", "materialized_step"): (
+        "polyattn_lightning.attention.kernels.materialized.materialized_step, which returns (B, H, R, dv) "
+        "(attention()'s layout, not HF's)"
+    ),
+    (f"{_SWITCH}.hf.interface", "probing"): (
+        "nothing: set_attention's probe gives every module of the model its activation and capture meanwhile"
     ),
 }
 
@@ -183,9 +211,11 @@ def install() -> None:
 
 def attribute(module: str, name: str, lazy: dict[str, str] | None = None):
     """A package ``__getattr__``'s answer: a name of ``lazy`` (name -> the module it is imported from on first use),
-    or a moved name of a module that still exists, with the deprecation line."""
+    or a moved name of a module that still exists, with the deprecation line (a removed one: what replaced it)."""
     if lazy and name in lazy:
         return getattr(importlib.import_module(lazy[name]), name)
+    if (module, name) in REMOVED_ATTRIBUTES:
+        raise AttributeError(f"{module}.{name} was removed; use {REMOVED_ATTRIBUTES[module, name]}")
     moved = MOVED_ATTRIBUTES.get((module, name))
     if moved is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")

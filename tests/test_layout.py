@@ -106,6 +106,30 @@ def test_attention_imports_no_diagnostics_callbacks_or_tasks():
     assert not wrong
 
 
+def test_switch_imports_no_kernel_module():
+    """The switches reach the kernels through ``attention()`` only (training and decoding alike): no module under
+    ``attention/switch/`` imports one under ``attention/kernels/``."""
+    wrong = [
+        f"{m} -> {t}"
+        for m in MODULES
+        if m.startswith(f"{PACKAGE.name}.attention.switch")
+        for t in imports(m)
+        if t.startswith(f"{PACKAGE.name}.attention.kernels")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_callbacks_and_tasks_import_no_kernel_module():
+    wrong = [
+        f"{m} -> {t}"
+        for m in MODULES
+        if room(m) in ("callbacks", "tasks")
+        for t in imports(m)
+        if t.startswith(f"{PACKAGE.name}.attention.kernels")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_callbacks_and_tasks_import_no_timm_family_module():
     wrong = [
         f"{m} -> {name}"
@@ -185,6 +209,33 @@ def test_each_room_holds_at_most_ten_modules_and_no_lone_file_folder(folder):
     assert len(modules) <= 10, sorted(p.name for p in modules)
     for sub in (p for p in path.rglob("*") if p.is_dir() and p.name != "__pycache__" and (p / "__init__.py").exists()):
         assert len([p for p in sub.iterdir() if p.suffix == ".py" or p.is_dir()]) > 1, f"{sub} holds one file"
+
+
+def _defines_logic(path: Path) -> bool:
+    """Whether a module defines a function or a class at its top level."""
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(path.read_text()).body)
+
+
+@pytest.mark.parametrize("folder", ["attention"])
+def test_package_faces_hand_names_on(folder):
+    """An ``__init__.py`` that defines a function or class (a lazy ``__getattr__``) stays within about 40 lines; the
+    rest of a package's code lives in modules named for what they do."""
+    wrong = [
+        f"{path.relative_to(PACKAGE)}: {len(path.read_text().splitlines())} lines"
+        for path in sorted((PACKAGE / folder).rglob("__init__.py"))
+        if _defines_logic(path) and len(path.read_text().splitlines()) > 42
+    ]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("folder", ["attention"])
+def test_no_module_is_over_450_lines(folder):
+    wrong = [
+        f"{path.relative_to(PACKAGE)}: {lines}"
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > 455
+    ]
+    assert not wrong, wrong
 
 
 def test_package_is_formatted_and_lines_fit():

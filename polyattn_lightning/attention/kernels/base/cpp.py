@@ -4,7 +4,7 @@ The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
 time a process needs them, then loaded from there. The build takes 12-16 s on
 a 2-core machine at load 1.3 and 30-80 s at load 2-3.6 (measured with
-``python -c "from polyattn_lightning.attention.kernels import cpp; cpp.build()"``
+``python -c "from polyattn_lightning.attention.kernels.base import cpp; cpp.build()"``
 with no build of the current name); one line on stderr says so before it starts.
 
 The build is keyed by content and environment: its name holds the CPU's vector
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).parent / "csrc"
+CSRC = Path(__file__).parents[1] / "csrc"
 #: The translation units; every ``*.cpp`` / ``*.h`` in ``csrc/`` also goes into the build key.
 SOURCE_NAMES = ("fused_cpu.cpp", "associative_cpu.cpp", "power_cpu.cpp")
 SOURCES = [CSRC / name for name in SOURCE_NAMES]
