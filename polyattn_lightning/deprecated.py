@@ -129,8 +129,17 @@ REMOVED_ATTRIBUTES: dict[tuple[str, str], str] = {
         "polyattn_lightning.attention.kernels.materialized.materialized_step, which returns (B, H, R, dv) "
         "(attention()'s layout, not HF's)"
     ),
+    (f"{_KERNELS}.power", "fold"): (
+        "polyattn_lightning.attention.recurrent_state(k, v, activation, key_padding_mask=...), which returns the "
+        "state (a RecurrentState: kv and count together)"
+    ),
+    (f"{_KERNELS}.power", "step"): (
+        "polyattn_lightning.attention.attention(q, k, v, activation, state=state, is_causal=True), which picks the "
+        "recurrent form (kernel_choice(..., state=state) says which)"
+    ),
     (f"{_SWITCH}.hf.interface", "probing"): (
-        "nothing: set_attention's probe gives every module of the model its activation and capture meanwhile"
+        "set_attention(model, activation, probe=...): its probe forward gives every module of the model the probe's "
+        "activation and a counting capture meanwhile"
     ),
 }
 

@@ -71,13 +71,13 @@ def attention(
     Non-softmax scores and activations are computed in fp32 (also under autocast);
     the output has the input dtype. A query with no attendable key gets a zero output.
     """
+    _check_inputs(q, k, v, dropout_p)
     if kernel == "auto" and scale is None and attn_mask is None and attn_bias is None and not dropout_p:
         dispatch = sys.modules.get(_DISPATCH)  # None until the kernels are imported: no step is kept before
         if dispatch is not None:
             out = dispatch.decoding_step(q, k, v, activation, temperature, key_padding_mask, is_causal, state)
             if out is not None:
                 return out
-    _check_inputs(q, k, v, dropout_p)
     inputs = kernel_inputs(
         q, k, v, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, dropout_p, is_causal, state
     )
@@ -131,7 +131,13 @@ def kernel_inputs(
 ) -> "KernelInputs":
     """``attention()``'s arguments as the kernels take them (:class:`~.kernels.base.KernelInputs`)."""
     from .kernels import KernelInputs  # on first use: importing the backends loads torch._dynamo (a second or so)
+    from .kernels.base.state import RecurrentState
 
+    if state is not None and not isinstance(state, RecurrentState):
+        raise TypeError(
+            f"state must be a RecurrentState (polyattn_lightning.attention.recurrent_state(k, v, activation)), got "
+            f"{type(state).__name__}"
+        )
     act, t, masks = resolve_scores(
         q, k, activation, scale, temperature, key_padding_mask, attn_mask, attn_bias, is_causal=is_causal
     )
@@ -176,9 +182,8 @@ def recurrent_state(
     if k.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"k, v must be (B, Hkv, N, d) and (B, Hkv, N, dv); got {tuple(k.shape)}, {tuple(v.shape)}")
     state = RecurrentState.empty(k.shape[0], k.shape[1], k.shape[-1], v.shape[-1], p, k)
-    if k.shape[-2]:
-        with torch.no_grad():
-            fold(state, k, v, None if key_padding_mask is None else ~key_padding_mask)
+    with torch.no_grad():
+        fold(state, k, v, None if key_padding_mask is None else ~key_padding_mask)
     return state
 
 

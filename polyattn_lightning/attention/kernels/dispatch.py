@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from ..registry import Activation, ActivationSpec, get_activation
@@ -172,17 +173,23 @@ def run(kernel: str, inputs: KernelInputs) -> Tensor:
 # --------------------------------------------------------------------------- decoding steps
 
 #: ``(id(activation), device, dtype, kind) -> (activation, step function, p)``: what ``auto`` runs for a decoding step,
-#: the activation kept so that its id is not reused meanwhile, and ``p`` the power of the states it steps from.
+#: ``p`` the power of the states it steps from. The activation is held so that its id is not reused while kept.
 _STEPS: dict[tuple, tuple[Activation, KVStep | StateStep, int | None]] = {}
+#: Kept choices at most: an activation built anew for every call (a spec with an unhashable option) is resolved on
+#: every call, and must not grow the table without end.
+MAX_KEPT_STEPS = 64
 
 
 def step_function(inputs: KernelInputs) -> KVStep | StateStep:
     """The function ``auto`` runs for a decoding step's ``inputs`` (:data:`~.base.KV_STEP` or
     :data:`~.base.STATE_STEP`): the form of the backend :func:`pick` chooses, kept for the next step of the same
     activation, device, dtype and kind (:func:`decoding_step`). A step's choice reads nothing else: every backend's
-    reasons for a step are about the activation, the device, the dtype and the state."""
+    reasons for a step are about the activation, the device, the dtype and the state, which :func:`decoding_step`
+    checks against the new tokens before it takes a kept function."""
     function = _form(BACKENDS[pick(inputs).kernel], inputs)
     act, q = inputs.act, inputs.q
+    if len(_STEPS) >= MAX_KEPT_STEPS:
+        _STEPS.clear()
     _STEPS[(id(act), q.device, q.dtype, inputs.kind)] = (act, function, power_of(act))
     return function
 
@@ -197,28 +204,41 @@ def decoding_step(
     is_causal: bool,
     state: RecurrentState | None,
 ) -> Tensor | None:
-    """``attention()``'s decoding step by the shortest path (called with no score mask, bias, dropout or ``scale``):
-    the function :func:`step_function` keeps for this step's activation, device, dtype and kind, on the arguments as
-    they are; None: not a decoding step, or the first of its kind (``attention()`` resolves it then)."""
+    """``attention()``'s decoding step by the shortest path (called on checked shapes, with no score mask, bias,
+    dropout or ``scale``): the function :func:`step_function` keeps for this step's activation, device, dtype and
+    kind, on the arguments as they are. None: not a decoding step, the first of its kind, or a step the kept function
+    does not take as it is (a state of another power or shape, keys that are not the new tokens, a padding mask of
+    another shape); ``attention()`` then resolves it, or says why it cannot."""
     if gradient_flows(q, k, v):
         return None
+    rows = q.shape[-2]
     if state is None:  # a KV-cache step: a few rows against more keys, no mask
-        rows = q.shape[-2]
-        if key_padding_mask is not None or rows > STEP_ROWS or rows >= k.shape[-2]:
+        if key_padding_mask is not None or rows > STEP_ROWS or rows >= k.shape[-2] or not q.numel():
             return None
         kind = KV_STEP
-    elif q.shape[-2] > 1 and not is_causal:
-        return None  # attention() says why
+    elif (
+        type(state) is not RecurrentState
+        or rows != k.shape[-2]
+        or (rows > 1 and not is_causal)
+        or not state.takes(k, v)
+        or not (key_padding_mask is None or _padding_of(key_padding_mask, q.shape[0], rows))
+    ):
+        return None
     else:
         kind = STATE_STEP
     act = get_activation(activation)
     entry = _STEPS.get((id(act), q.device, q.dtype, kind))
-    if entry is None or entry[0] is not act or (state is not None and state.power != entry[2]):
+    if entry is None or (state is not None and state.power != entry[2]):
         return None  # not kept yet, or a state of another power (attention() says why it cannot step from it)
     t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
     if state is None:
         return entry[1](q, k, v, t, is_causal)
     return entry[1](q, k, v, None if key_padding_mask is None else ~key_padding_mask, state, t)
+
+
+def _padding_of(mask: Tensor, batch: int, rows: int) -> bool:
+    """Whether ``mask`` is a key padding mask of the new tokens as ``attention()`` takes one: bool ``(B, Q)``."""
+    return mask.dtype == torch.bool and mask.shape == (batch, rows)
 
 
 def run_step(function: KVStep | StateStep, inputs: KernelInputs) -> Tensor:

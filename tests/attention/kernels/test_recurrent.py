@@ -42,12 +42,24 @@ def copy(state: RecurrentState) -> RecurrentState:
     return RecurrentState(state.kv.clone(), state.count.clone(), state.power)
 
 
+def through_the_door(named: bool):
+    """A step from a state through ``attention()``: ``auto``'s choice, or the backend whose recurrent form it is."""
+
+    def step(q, k, v, keep, state, act, t):
+        kernel = ("associative" if state.power == 1 else "power") if named else "auto"
+        padding = None if keep is None else ~keep
+        return attention(
+            q, k, v, act, temperature=t, key_padding_mask=padding, is_causal=True, state=state, kernel=kernel
+        )
+
+    return step
+
+
 def steps():
-    """The recurrent forms: the door (auto's choice), the C++ step, the PyTorch step."""
+    """The recurrent forms: the door (auto's choice, and the backend by name), the C++ step, the PyTorch step."""
     return {
-        "attention": lambda q, k, v, keep, state, act, t: attention(
-            q, k, v, act, temperature=t, key_padding_mask=None if keep is None else ~keep, is_causal=True, state=state
-        ),
+        "attention": through_the_door(False),
+        "backend": through_the_door(True),
         "cpp": recurrent.step,
         "pytorch": recurrent.chunked_step,
     }
@@ -55,7 +67,7 @@ def steps():
 
 @pytest.mark.parametrize("p", POWERS)
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("form", ["attention", "cpp", "pytorch"])
+@pytest.mark.parametrize("form", ["attention", "backend", "cpp", "pytorch"])
 def test_a_step_from_a_random_state_equals_the_naive_recurrence(form, rows, p):
     """Outputs and final state against the token-by-token reference, from a state no prompt made; grouped heads
     (4 query heads on 2 kv heads), a padded new key in one sequence."""
@@ -77,7 +89,7 @@ def test_a_step_from_a_random_state_equals_the_naive_recurrence(form, rows, p):
 
 @pytest.mark.parametrize("p", POWERS)
 @pytest.mark.parametrize("prompt, rows", PROMPTS, ids=lambda x: str(x))
-@pytest.mark.parametrize("form", ["attention", "cpp", "pytorch"])
+@pytest.mark.parametrize("form", ["attention", "backend", "cpp", "pytorch"])
 def test_a_step_after_a_prompt_equals_the_parallel_form_over_every_key(form, prompt, rows, p):
     """A state folded from a left-padded prompt, then ``rows`` new tokens: the outputs are the parallel form's (the
     backend's own, by name) over the prompt and the new tokens (causal, bottom-right), and the final state is the fold
@@ -124,8 +136,11 @@ def test_kernel_choice_explains_a_step_from_a_state():
 
 
 def test_a_step_from_a_state_refuses_what_it_cannot_fold():
+    """Each refusal is the message of the reasons, also once a step of the same activation is kept (the kept
+    function is taken only for inputs it can fold: the shortest path checks them first)."""
     q, k, v = tensors(rows=3)
     state = recurrent_state(k, v, "poly2")
+    attention(q, k, v, "poly2", is_causal=True, state=recurrent_state(k, v, "poly2"))  # the choice is kept now
     cases = [
         (dict(activation="poly3", is_causal=True), "the state holds poly2's features; the activation is 'poly3'"),
         (dict(activation="poly2"), "a step from a state is causal"),
@@ -137,12 +152,61 @@ def test_a_step_from_a_state_refuses_what_it_cannot_fold():
             attention(q, k, v, state=state, **options)
     with pytest.raises(KernelNotSupported, match="one per query row"):
         attention(q, torch.cat([k, k], 2), torch.cat([v, v], 2), "poly2", is_causal=True, state=state)
+    with pytest.raises(KernelNotSupported, match=r"a state of shape \(2, 2, 10, 3\) .* is \(2, 2, 10, 5\)"):
+        attention(q, k, torch.cat([v, v[..., :2]], -1), "poly2", is_causal=True, state=state)
+    with pytest.raises(KernelNotSupported, match=r"a state of shape \(2, 2, 10, 3\) .* is \(2, 1, 10, 3\)"):
+        attention(q, k[:, :1], v[:, :1], "poly2", is_causal=True, state=state)
     with pytest.raises(KernelNotSupported, match="no gradient flows"):
         attention(q.requires_grad_(), k, v, "poly2", is_causal=True, state=state)
     with pytest.raises(KernelNotSupported, match="cannot take these inputs: a step from a recurrent state"):
         attention(q.detach(), k, v, "poly2", is_causal=True, state=state, kernel="fused_cpu")
+    with pytest.raises(TypeError, match="key_padding_mask must be bool"):
+        attention(q.detach(), k, v, "poly2", is_causal=True, state=state, key_padding_mask=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Nk\) = \(2, 3\)"):
+        attention(q.detach(), k, v, "poly2", is_causal=True, state=state, key_padding_mask=torch.zeros(2, 4).bool())
+    with pytest.raises(TypeError, match="state must be a RecurrentState .* got Tensor"):
+        attention(q.detach(), k, v, "poly2", is_causal=True, state=state.kv)
     with pytest.raises(ValueError, match="activation 'relu' has no recurrent state"):
         recurrent_state(k, v, "relu")
+    assert torch.equal(state.count, torch.full((2, 2), 3.0, dtype=torch.float64))  # no refused step folded a key
+
+
+def test_a_kept_kv_cache_step_still_checks_shapes():
+    q, k, v = tensors(rows=1)[0], *tensors(rows=6, seed=4)[1:]
+    attention(q, k, v, "poly3")  # the choice is kept now
+    with pytest.raises(ValueError, match="Hkv dividing H"):
+        attention(q[:, :3], k, v, "poly3")
+    with pytest.raises(ValueError, match="Hkv dividing H"):
+        attention(q[..., :3], k, v, "poly3")
+
+
+@pytest.mark.parametrize("batch, rows", [(2, 0), (0, 1)], ids=["no new token", "no sequence"])
+@pytest.mark.parametrize("p", [1, 3])
+def test_an_empty_step_is_empty_and_folds_nothing(batch, rows, p):
+    q, k, v = (x[:batch] for x in tensors(rows=rows))
+    cache_k, cache_v = (x[:batch] for x in tensors(rows=6, seed=7)[1:])
+    for _ in range(2):  # the first call resolves the step, the second takes the kept one
+        assert attention(q, cache_k, cache_v, f"poly{p}").shape == (batch, 4, rows, 3)
+        state = recurrent_state(cache_k, cache_v, f"poly{p}")
+        kv, count = state.kv.clone(), state.count.clone()
+        assert attention(q, k, v, f"poly{p}", is_causal=True, state=state).shape == (batch, 4, rows, 3)
+        assert torch.equal(state.kv, kv) and torch.equal(state.count, count)
+
+
+def test_the_pytorch_step_keeps_fp32_under_autocast():
+    """The recurrent form's products stay in the state's dtype when autocast would run them in bf16."""
+    act = get_activation("poly3")
+    q, k, v = (x.float() for x in tensors(rows=5))
+    past_k, past_v = (x.float() for x in tensors(rows=7, seed=6)[1:])
+    outs, states = [], []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            state = recurrent_state(past_k, past_v, act)
+            outs.append(recurrent.chunked_step(q, k, v, None, state, act, 0.5))
+            states.append(state.kv)
+    assert outs[1].dtype == torch.float32
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(states[1], states[0], rtol=1e-6, atol=1e-6)
 
 
 def test_kernel_choice_explains_a_kv_cache_step(monkeypatch):

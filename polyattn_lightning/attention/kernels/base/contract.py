@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ...masks import Masks
 from ...registry import Activation
-from .state import RecurrentState, monomial_count, power_of
+from .state import RecurrentState, power_of
 
 #: The kinds of call (:attr:`KernelInputs.kind`).
 PARALLEL, KV_STEP, STATE_STEP = "parallel", "KV-cache step", "step from a state"
@@ -105,10 +105,10 @@ class KernelInputs(NamedTuple):
     @property
     def kind(self) -> str:
         """:data:`STATE_STEP` with a state; :data:`KV_STEP` for :attr:`few_rows` against more keys (the new rows of a
-        sequence whose earlier keys are cached); else :data:`PARALLEL`."""
+        sequence whose earlier keys are cached); else :data:`PARALLEL` (an :attr:`empty` call too)."""
         if self.state is not None:
             return STATE_STEP
-        return KV_STEP if self.q.shape[-2] < self.k.shape[-2] and self.few_rows else PARALLEL
+        return KV_STEP if self.q.shape[-2] < self.k.shape[-2] and self.few_rows and not self.empty else PARALLEL
 
     def repeated_kv(self) -> "KernelInputs":
         """These inputs with k and v repeated to q's heads (each kv head serving its group of query heads)."""
@@ -203,7 +203,7 @@ def state_reasons(inputs: KernelInputs) -> list[str]:
         reasons.append(f"the state holds poly{state.power}'s features; the activation is {inputs.act.name!r}")
     if inputs.act.shift is not None:
         reasons.append(f"activation {inputs.act.name!r} shifts the scores by b(n), which does not factor")
-    expected = (k.shape[0], k.shape[1], monomial_count(k.shape[-1], state.power), v.shape[-1])
+    expected = state.shape_for(k, v)
     if tuple(state.kv.shape) != expected or tuple(state.count.shape) != expected[:2]:
         reasons.append(
             f"a state of shape {tuple(state.kv.shape)} (count {tuple(state.count.shape)}) for inputs whose "

@@ -84,6 +84,16 @@ class RecurrentState:
         kv = like.new_zeros(batch, kv_heads, monomial_count(d, power), dv, dtype=dtype)
         return cls(kv, like.new_zeros(batch, kv_heads, dtype=dtype), power)
 
+    def shape_for(self, k: Tensor, v: Tensor) -> tuple[int, int, int, int]:
+        """The ``(B, Hkv, D, dv)`` of ``kv`` that new keys ``k`` and values ``v`` ``(B, Hkv, Q, d / dv)`` fold into."""
+        return k.shape[0], k.shape[1], monomial_count(k.shape[-1], self.power), v.shape[-1]
+
+    def takes(self, k: Tensor, v: Tensor) -> bool:
+        """Whether ``k`` and ``v`` fold into this state as they are: ``kv`` of :meth:`shape_for`, ``count`` of its
+        ``(B, Hkv)``, on ``k``'s device (``kernels.base.state_reasons`` says what is wrong otherwise)."""
+        kv = self.kv
+        return kv.shape == self.shape_for(k, v) and self.count.shape == kv.shape[:2] and kv.device == k.device
+
     def select(self, index: Callable[[Tensor], Tensor]) -> None:
         """Apply ``index`` to the batch of both tensors (beam search's reorder and selection)."""
         self.kv, self.count = index(self.kv), index(self.count)

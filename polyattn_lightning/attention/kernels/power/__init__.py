@@ -17,12 +17,11 @@ at the crossover length measured on the machine (``crossover.json``; ``base.cost
 from .... import deprecated
 from .backend import BACKEND, CUDA_MAX_HEAD_DIM, POWERS, Power
 from .parallel import chunk_size, power_attention
-from .recurrent import fold, step
 
 
 def __getattr__(name: str):
-    """Names that moved to ``base/state.py``, ``parallel.py`` and ``recurrent.py`` (``deprecated.py``)."""
+    """Names that moved to ``base/state.py``, ``parallel.py`` and ``recurrent.py``, or went (``deprecated.py``)."""
     return deprecated.attribute(__name__, name)
 
 
-__all__ = ["BACKEND", "CUDA_MAX_HEAD_DIM", "POWERS", "Power", "chunk_size", "fold", "power_attention", "step"]
+__all__ = ["BACKEND", "CUDA_MAX_HEAD_DIM", "POWERS", "Power", "chunk_size", "power_attention"]

@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...dtypes import autocast_off
 from ...registry import Activation
 from ..base.cpp import load
-from ..base.layout import flatten_heads, key_keep
+from ..base.layout import flatten_heads, key_keep, per_row
 from ..base.state import RecurrentState, features
 from . import parallel
 
@@ -33,6 +34,8 @@ def fold(state: RecurrentState, k: Tensor, v: Tensor, keep: Tensor | None = None
     """``kv += sum_j keep_j w m(k_j) v_j^T``, ``count += sum keep`` over the keys ``k``, values ``v``
     ``(B, Hkv, N, d / dv)``; ``keep`` ``(B, N)`` 1/0 (left padding enters neither), None: every key."""
     batch, kv_heads, n, d = k.shape
+    if 0 in (batch, kv_heads, n):  # no sequence, head or key: nothing to fold
+        return
     dtype, p = state.kv.dtype, state.power
     keep = k.new_ones(batch, n, dtype=dtype) if keep is None else keep.to(dtype)
     if state.kv.device.type == "cpu" and load():
@@ -54,7 +57,8 @@ def fold(state: RecurrentState, k: Tensor, v: Tensor, keep: Tensor | None = None
         state.kv.copy_(folded.view_as(state.kv))
     else:
         kept = keep[:, None, :, None]
-        state.kv += features(k.to(dtype) * kept, p, weighted=True).transpose(-2, -1) @ (v.to(dtype) * kept)
+        with autocast_off(k.device.type):
+            state.kv += features(k.to(dtype) * kept, p, weighted=True).transpose(-2, -1) @ (v.to(dtype) * kept)
     state.count += keep.sum(-1, keepdim=True)
 
 
@@ -67,6 +71,8 @@ def step(
     key); query head ``h`` reads kv head ``h // (H / Hkv)``'s state.
     """
     kv, count = state.kv, state.count
+    if 0 in q.shape[:3]:  # no sequence, head or new token: nothing to fold, nothing to read
+        return v.new_zeros(*q.shape[:3], v.shape[-1])
     if not (kv.is_cpu and load()):
         return chunked_step(q, k, v, keep, state, act, t)
     batch, heads, rows, d = q.shape
@@ -83,7 +89,7 @@ def step(
         )
     else:
         n = count[:, :1] + keep.cumsum(-1)  # (B, Q): the keys row i attends
-        s = act.row_scale(n)[:, None].expand(batch, heads, rows).reshape(-1, rows).contiguous()
+        s = per_row(act.row_scale(n)[:, None, :, None], batch, heads, rows, dtype)
         out, folded = torch.ops.polyattn_cpu.power_causal_forward(
             q3,
             k3,
@@ -109,20 +115,21 @@ def chunked_step(q, k, v, keep, state: RecurrentState, act: Activation, t: float
     groups, chunk = heads // kv_heads, parallel.chunk_size(d, p)
     keep = q.new_ones(batch, rows, dtype=dtype) if keep is None else keep.to(dtype)
     kept = keep[:, None, :, None]
-    q = (q.to(dtype) * t).view(batch, kv_heads, groups, rows, d)
-    k, v = k.to(dtype) * kept, v.to(dtype) * kept
-    n = state.count[:, :1] + keep.cumsum(-1)
     outs = []
-    for i0 in range(0, rows, chunk):
-        qc, kc, vc = q[..., i0 : i0 + chunk, :], k[:, :, i0 : i0 + chunk], v[:, :, i0 : i0 + chunk]
-        tile = (qc @ kc[:, :, None].transpose(-2, -1)).pow(p).tril()  # (B, Hkv, G, C, C): causal within
-        folded = state.kv + features(kc, p, weighted=True).transpose(-2, -1) @ vc
-        out = features(qc, p) @ state.kv[:, :, None] + tile @ vc[:, :, None]
-        state.kv.copy_(folded)
-        outs.append(out)
-    out = torch.cat(outs, dim=-2).view(batch, heads, rows, -1)
-    state.count += keep.sum(-1, keepdim=True)
-    return (out * act.row_scale(n)[:, None, :, None]).to(out_dtype)
+    with autocast_off(q.device.type):  # the products in the state's dtype (fp32), also under autocast
+        q = (q.to(dtype) * t).view(batch, kv_heads, groups, rows, d)
+        k, v = k.to(dtype) * kept, v.to(dtype) * kept
+        n = state.count[:, :1] + keep.cumsum(-1)
+        for i0 in range(0, rows, chunk):
+            qc, kc, vc = q[..., i0 : i0 + chunk, :], k[:, :, i0 : i0 + chunk], v[:, :, i0 : i0 + chunk]
+            tile = (qc @ kc[:, :, None].transpose(-2, -1)).pow(p).tril()  # (B, Hkv, G, C, C): causal within
+            folded = state.kv + features(kc, p, weighted=True).transpose(-2, -1) @ vc
+            out = features(qc, p) @ state.kv[:, :, None] + tile @ vc[:, :, None]
+            state.kv.copy_(folded)
+            outs.append(out)
+        out = torch.cat(outs, dim=-2).view(batch, heads, rows, -1)
+        state.count += keep.sum(-1, keepdim=True)
+        return (out * act.row_scale(n)[:, None, :, None]).to(out_dtype)
 
 
 __all__ = ["LENGTH_SCALE_CODES", "chunked_step", "fold", "step"]
