@@ -197,15 +197,16 @@ def decode_crossover(device: torch.device, d: int, activation: ActivationSpec) -
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-D (B, H, N, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    grouped = k.shape[1] == q.shape[1] or (k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
-    if q.shape[0] != k.shape[0] or not grouped or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+    qs, ks, vs = q.shape, k.shape, v.shape  # read once: every decoding step passes here
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, d); got shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}")
+    batch, heads, _, dim = qs
+    kv_batch, kv_heads, keys, kv_dim = ks
+    grouped = kv_heads == heads or (kv_heads > 0 and heads % kv_heads == 0)
+    if kv_batch != batch or not grouped or dim != kv_dim or vs[0] != batch or vs[1] != kv_heads or vs[2] != keys:
         raise ValueError(
             "shapes must be q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv) with Hkv dividing H; "
-            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"got {tuple(qs)}, {tuple(ks)}, {tuple(vs)}"
         )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")

@@ -211,17 +211,18 @@ def decoding_step(
     another shape); ``attention()`` then resolves it, or says why it cannot."""
     if gradient_flows(q, k, v):
         return None
-    rows = q.shape[-2]
+    shape = q.shape  # read once: a generation step runs between the model's other code, where every line counts
+    rows = shape[2]
     if state is None:  # a KV-cache step: a few rows against more keys, no mask
-        if key_padding_mask is not None or rows > STEP_ROWS or rows >= k.shape[-2] or not q.numel():
+        if key_padding_mask is not None or rows > STEP_ROWS or rows >= k.shape[2] or 0 in shape:
             return None
         kind = KV_STEP
     elif (
         type(state) is not RecurrentState
-        or rows != k.shape[-2]
+        or rows != k.shape[2]
         or (rows > 1 and not is_causal)
         or not state.takes(k, v)
-        or not (key_padding_mask is None or _padding_of(key_padding_mask, q.shape[0], rows))
+        or not (key_padding_mask is None or _padding_of(key_padding_mask, shape[0], rows))
     ):
         return None
     else:
@@ -230,7 +231,7 @@ def decoding_step(
     entry = _STEPS.get((id(act), q.device, q.dtype, kind))
     if entry is None or (state is not None and state.power != entry[2]):
         return None  # not kept yet, or a state of another power (attention() says why it cannot step from it)
-    t = q.shape[-1] ** -0.5 if temperature is None else float(temperature)
+    t = shape[3] ** -0.5 if temperature is None else float(temperature)
     if state is None:
         return entry[1](q, k, v, t, is_causal)
     return entry[1](q, k, v, None if key_padding_mask is None else ~key_padding_mask, state, t)

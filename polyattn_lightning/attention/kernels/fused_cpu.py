@@ -227,9 +227,10 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
 
 
 def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float, causal: bool = False) -> Tensor | None:
-    """A KV-cache step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``), in the op's own layout, Hugging Face's
-    ``(B, R, H, dv)``; None where it cannot run (not CPU tensors, a custom activation, no C++ build). The backend's
-    KV-cache step form (:meth:`FusedCPU.kv_step`) is this call seen as ``(B, H, R, dv)``.
+    """A KV-cache step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``) in Hugging Face's ``(B, R, H, dv)``
+    layout; None where it cannot run (not CPU tensors, a custom activation, no C++ build). The backend's KV-cache step
+    form (:meth:`FusedCPU.kv_step`) is the same call in ``attention()``'s ``(B, H, R, dv)``, laid out in memory as
+    this one is (the op returns that view).
 
     A few query rows, no mask, no gradient. Not causal: every row attends every key, ``n = Nk``. Causal: the rows are
     the last ``R`` positions (a short prompt's prefill), row ``r`` attends the first ``Nk - R + r + 1`` keys. q
@@ -291,9 +292,9 @@ class FusedCPU(Backend):
             if causal and q.shape[2] > 1:
                 rows = q.shape[2]
                 scales, shifts = zip(*(constants(keys - rows + r + 1) for r in range(rows)))
-                return op(q, k, v, form, power, t, scales, shifts, True).transpose(1, 2)
+                return op(q, k, v, form, power, t, scales, shifts, True)
             scale, shift = constants(keys)
-            return op(q, k, v, form, power, t, (scale,), (shift,), False).transpose(1, 2)
+            return op(q, k, v, form, power, t, (scale,), (shift,), False)
 
         return step
 

@@ -153,8 +153,8 @@ def _register_fakes() -> None:
         span = 1 + sum((size - 1) * stride for size, stride in zip(bias.shape, bias.stride())) if bias_grad else 0
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty(span)
 
-    def decode(q, k, v, *args):
-        return v.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3])
+    def decode(q, k, v, *args):  # (B, H, R, dv) over (B, R, H, dv) memory, as the op returns it
+        return v.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3]).transpose(1, 2)
 
     def associative_forward(q, k, v, keep, s):
         return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], q.shape[2], v.shape[2])

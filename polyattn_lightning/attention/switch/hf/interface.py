@@ -55,7 +55,7 @@ IMPLEMENTATION = "polyattn"
 EAGER_MASKS_IMPLEMENTATION = "polyattn_eager_masks"
 #: The attribute a ``RecurrentCache`` layer tags the keys its ``update`` returns with (``cache.py``).
 CACHE_TAG = "_polyattn_cache_layer"
-#: Keyword arguments that change the scores (``extras.py``): a call given any of them takes the general path.
+#: Keyword arguments that change the scores (``extras.py``); HF passes others (``position_ids``...), which are ignored.
 SCORE_KWARGS = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
 
 
@@ -77,7 +77,7 @@ def polyattn_attention(
     spec = _spec_of(module)
     temperature = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = position_bias = sinks = None
-    if kwargs:
+    if not SCORE_KWARGS.isdisjoint(kwargs):
         softcap, position_bias = kwargs.get("softcap"), kwargs.get("position_bias")
         sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     plain = softcap is None and sinks is None and position_bias is None
