@@ -102,12 +102,20 @@ def atomic_save(obj: Any, path: str | os.PathLike, on_written: Callable[[Path], 
     """``torch.save`` to ``path`` so that ``path`` always holds either its old or its new complete content.
 
     ``on_written(path)`` runs when the temporary file is written and synced, before it replaces ``path``."""
+    atomic_write(path, lambda file: torch.save(obj, file), on_written)
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[Any], None], on_written: Callable[[Path], None] | None = None
+) -> None:
+    """``write(file)`` into a temporary binary file beside ``path``, synced, then renamed over ``path``: a reader (or
+    a crash) finds the old complete content or the new, never a torn file. ``on_written`` as in :func:`atomic_save`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: os.replace cannot cross devices
     try:
         with open(tmp, "xb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         if on_written is not None:

@@ -20,6 +20,7 @@ import warnings
 _PACKAGE = "polyattn_lightning"
 _A = f"{_PACKAGE}.attention"
 _SWITCH, _KERNELS, _DIAGNOSTICS = f"{_A}.switch", f"{_A}.kernels", f"{_PACKAGE}.diagnostics"
+_CLI = f"{_PACKAGE}.cli"
 
 #: Old module -> the modules its names now live in, searched in order (the first is named in the warning).
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
@@ -102,6 +103,41 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_SWITCH}.hf", "PROBE_ACTIVATION"): (f"{_SWITCH}.hf.switching", "PROBE_ACTIVATION"),
     (f"{_SWITCH}.hf", "MAP_LAYOUTS"): (f"{_SWITCH}.hf.classes", "MAP_LAYOUTS"),
     **{
+        (_CLI, name): (f"{_CLI}.{module}", name)
+        for module, names in {
+            "config": ("class_from_path", "init_args", "as_list", "resolve_task_defaults"),
+            "prechecks": ("yaml_references", "check_yaml_syntax", "config_attention", "check_config"),
+            "ckpt_path": ("is_lightning_checkpoint", "saved_run_config"),
+            "runs": (
+                "DEFAULT_RUN_NAME",
+                "RUNS_DIR",
+                "FOLDER_LOGGERS",
+                "EVALUATION_VERBS",
+                "KeepingSaveConfigCallback",
+                "task_family",
+                "activation_label",
+                "checkpoint_run_dir",
+                "evaluation_dir",
+                "saved_configs",
+                "resumed_run_dir",
+                "resume_command",
+            ),
+            "parser": (
+                "OWN_IMAGES_HINT",
+                "NESTED_UNKNOWN",
+                "GROUP_UNKNOWN",
+                "KeepLinesHelpFormatter",
+                "ShortErrorParser",
+                "short_parse_message",
+                "renamed_options",
+            ),
+            "defaults": ("default_precision",),
+            "console": ("RICH_AVAILABLE", "quiet_known_noise", "without_version"),
+            "dispatch": ("COMMANDS",),
+        }.items()
+        for name in names
+    },
+    **{
         (module, "SlurmPreemption"): (f"{_PACKAGE}.callbacks.preemption", "StopOnSignal")
         for module in (f"{_PACKAGE}.callbacks", f"{_PACKAGE}.callbacks.preemption")
     },
@@ -113,6 +149,11 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         (f"{_PACKAGE}.tasks.detection", name): (f"{_PACKAGE}.detection.scoring", name)
         for name in ("coco_metric", "coco_scores", "METRIC_ITEMS", "COCO_REPORT")
     },
+    **{
+        (f"{_PACKAGE}.tasks.base", name): (f"{_PACKAGE}.tasks.steps.convert", name)
+        for name in ("CONVERSION_KEY", "from_deprecated_calibrate")
+    },
+    (f"{_PACKAGE}.tasks.base", "logits_evaluation"): (f"{_PACKAGE}.tasks.evaluation", "logits_evaluation"),
 }
 
 #: ``(old module, name) -> what replaced it``: names that have no new home (asking for one says what to do instead).

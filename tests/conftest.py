@@ -1,10 +1,13 @@
-"""Shared fixtures: tiny image data sets written to disk as real JPEG files."""
+"""Shared fixtures: tiny image data sets written to disk as real JPEG files; a private SLURM on localhost."""
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from slurm_cluster import SlurmCluster, SlurmUnavailable, unavailable_reason
 from training_helpers import write_jpeg
 
 
@@ -79,3 +82,44 @@ def logging_left_as_found():
     yield
     changed = {name: (level, before[name]) for name, level in levels().items() if name in before and before[name] != level}
     assert not changed, f"logger levels changed and not restored (now, before): {changed}"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request, tmp_path_factory):
+    """A private SLURM on localhost, started on first use and stopped at the session's end
+    (tests/cluster/slurm_cluster.py). Where none can run, the test skips with one line saying why (fails with
+    ``POLYATTN_REQUIRE_SLURM=1``, as in CI)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:  # on the terminal while the test's output is captured
+        with capture.global_and_fixture_disabled():
+            print(f"\n{line}", file=sys.stderr, flush=True)
+
+    def cannot_run(reason: str) -> None:
+        if os.environ.get("POLYATTN_REQUIRE_SLURM") == "1":
+            pytest.fail(f"POLYATTN_REQUIRE_SLURM=1, but no private SLURM: {reason}", pytrace=False)
+        pytest.skip(f"no private SLURM: {reason}")
+
+    reason = unavailable_reason()
+    if reason:
+        cannot_run(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), say)
+    try:
+        cluster.start()
+    except SlurmUnavailable as error:
+        cluster.stop()
+        cannot_run(str(error))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster, monkeypatch):
+    """The private SLURM, with its client settings (``SLURM_CONF``, ``PATH``, ``PYTHONPATH``) in ``os.environ`` for
+    this test, as in-process submitters (submitit) and the commands a test starts need them."""
+    wanted = slurm_cluster.environ()
+    for name in set(os.environ) - set(wanted):
+        monkeypatch.delenv(name)
+    for name, value in wanted.items():
+        monkeypatch.setenv(name, value)
+    return slurm_cluster

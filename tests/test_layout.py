@@ -28,6 +28,7 @@ LAYERS = (
     {"data", "sharding"},
     {"callbacks", "tasks"},
     {"cli"},
+    {"grids"},
     {"commands", "bench", "__main__"},
 )
 

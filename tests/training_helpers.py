@@ -23,6 +23,7 @@ from PIL import Image
 from torch import nn
 
 from polyattn_lightning import cli
+from polyattn_lightning.cli.prechecks import yaml_references
 from polyattn_lightning.attention import get_activation
 from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import SafeCheckpointIO
@@ -93,7 +94,7 @@ def named_pieces(folder: Path) -> set[Path]:
     through the files that name them, so a test asserts that its pieces are all among these."""
     named = set()
     for path in folder.rglob("*.yaml"):
-        named |= {(path.parent / name).resolve() for name in cli.yaml_references(yaml.safe_load(path.read_text()))}
+        named |= {(path.parent / name).resolve() for name in yaml_references(yaml.safe_load(path.read_text()))}
     missing = sorted(str(ref) for ref in named if not ref.is_file())
     assert not missing, f"named but missing: {missing}"
     return named

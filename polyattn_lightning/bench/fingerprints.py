@@ -12,7 +12,6 @@ switch then leaves aside in that release).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import sys
@@ -21,6 +20,7 @@ from torch import nn
 
 from ..attention.switch.mha import SwitchedMultiheadAttention
 from ..attention.switch.reviewed import Mirror, UnreviewedCode, adapter_mirror, record
+from ..errors import ArgumentParser
 
 
 def installed_mirrors() -> list[Mirror]:
@@ -64,9 +64,7 @@ def status(mirror: Mirror) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m polyattn_lightning.bench fingerprints", description=__doc__.split("\n")[0], allow_abbrev=False
-    )
+    parser = ArgumentParser(prog="python -m polyattn_lightning.bench fingerprints", description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="record the installed code as reviewed")
     parser.add_argument(
         "--interface",

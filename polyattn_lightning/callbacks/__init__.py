@@ -11,6 +11,7 @@ from .predictions import PredictionWriter
 from .preemption import Interrupted, StopOnSignal
 from .resume import ExactResume
 from .standard import LastCheckpoint
+from .summary import RunSummary
 from .. import deprecated
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PredictionWriter",
+    "RunSummary",
     "StopOnSignal",
 ]
 

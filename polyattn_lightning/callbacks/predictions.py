@@ -16,9 +16,10 @@ class PredictionWriter(BasePredictionWriter):
     A file holds ``{"predictions": Tensor, "indices": Tensor}``: the concatenated
     ``predict_step`` outputs (class probabilities for classification) and the
     index of each row in the predict data set, so the ranks' files merge back
-    into data-set order. For file-based data sets (a data set with ``samples``
-    of ``(path, label)``, e.g. image folders) it also holds ``"paths"``, each
-    row's file, and ``"classes"``, the DataModule's class names by index.
+    into data-set order, each sample once (a padding batch's None is left out).
+    For file-based data sets (a data set with ``samples`` of ``(path, label)``,
+    e.g. image folders) it also holds ``"paths"``, each row's file, and
+    ``"classes"``, the DataModule's class names by index.
 
     A task whose predictions are not tensors (detections) writes its own format: the LightningModule's
     ``save_predictions(predictions, out_dir)`` (:meth:`~polyattn_lightning.tasks.base.TaskModule.save_predictions`)
@@ -31,7 +32,16 @@ class PredictionWriter(BasePredictionWriter):
         self.dirname = dirname
 
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
-        # Lightning nests both per predict loader (batch_indices even for a single one): flatten
+        # Lightning nests both per predict loader (batch_indices even for a single one). A padding batch (a sharded
+        # run's rank with fewer samples, data/evaluation.py) predicted None: it is left out with its indices.
+        per_loader = predictions if len(batch_indices) > 1 else [predictions]
+        kept = [
+            (output, indices)
+            for outputs, loader_indices in zip(per_loader, batch_indices)
+            for output, indices in zip(outputs, loader_indices)
+            if output is not None
+        ]
+        predictions, batch_indices = [output for output, _ in kept], [indices for _, indices in kept]
         out_dir = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
         save = getattr(pl_module, "save_predictions", None)  # a LightningModule not built on the tasks' base has none
         if save is not None and save(list(_flatten(predictions)), out_dir):

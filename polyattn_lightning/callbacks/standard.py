@@ -30,6 +30,7 @@ from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import StopOnSignal
 from .resume import ExactResume
+from .summary import RunSummary
 
 #: The best checkpoint's file name.
 BEST_FILENAME = "best-epoch{epoch:03d}"
@@ -104,6 +105,12 @@ STANDARD_CALLBACKS = (
     StandardCallback("norms", AttentionNorms, "attention norms per layer and head every every_n_steps steps"),
     StandardCallback(
         "memory", MemoryReport, "per-rank memory: the DDP and FSDP2 estimate before training, what is held after"
+    ),
+    StandardCallback(
+        "summary",
+        RunSummary,
+        "at the end of fit/validate/test (also on Ctrl-C or an error): the monitored metric's best and last value and "
+        "the other val/ and test/ metrics, printed and written to <run folder>/metrics.json",
     ),
 )
 STANDARD_KEYS = tuple(callback.key for callback in STANDARD_CALLBACKS)

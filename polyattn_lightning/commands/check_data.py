@@ -13,15 +13,17 @@ from __future__ import annotations
 import re
 import sys
 
-from ..cli import PolyattnCLI, check_config, make_cli, resolve_task_defaults
+from ..cli import PolyattnCLI, make_cli
+from ..cli.config import resolve_task_defaults
+from ..cli.prechecks import check_config
 from ..data.base import DataModule
 from ..data.image_check import find_unreadable_images
 from ..errors import UNRECOGNIZED, ArgumentParser, ConfigError, DataError
 
 
 class DataOnlyCLI(PolyattnCLI):
-    """The CLI's parsing and data path checks (:func:`~polyattn_lightning.cli.check_config`), instantiating only the
-    data: the model's values (a pretrained file not yet downloaded) do not matter here."""
+    """The CLI's parsing and data path checks (:func:`~polyattn_lightning.cli.prechecks.check_config`), instantiating
+    only the data: the model's values (a pretrained file not yet downloaded) do not matter here."""
 
     def before_instantiate_classes(self) -> None:
         check_config(self._data_only())

@@ -1,12 +1,13 @@
 """``polyattn consolidate CKPT_DIR --out FILE.ckpt`` / ``--pretrained FOLDER``: a sharded checkpoint made whole.
 
 A sharded run (:class:`~polyattn_lightning.sharding.ShardedStrategy`) writes each checkpoint as a folder of shards.
-``--out`` writes the one-file Lightning checkpoint the DDP path writes (full weights, optimizer states by parameter
-index, loops, schedulers, RNG states): it resumes with ``--ckpt_path`` on one process, on DDP or sharded again on
-any number of ranks, and every command that reads checkpoints reads it. ``--pretrained`` (Hugging Face tasks) writes
-the trained model with ``save_pretrained``: :func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it
-switched to the trained activation (plain ``transformers`` loads a softmax model and refuses any other). Both
-run in one process, without a process group, and read the folder without running pickled code.
+``--out`` writes a new file, the one-file Lightning checkpoint the DDP path writes (full weights, optimizer states
+by parameter index, loops, schedulers, RNG states): it resumes with ``--ckpt_path`` on one process, on DDP or
+sharded again on any number of ranks, and every command that reads checkpoints reads it. ``--pretrained`` (Hugging
+Face tasks) writes the trained model with ``save_pretrained`` into a new or empty folder:
+:func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it switched to the trained activation (plain
+``transformers`` loads a softmax model and refuses any other). Both run in one process, without a process group,
+and read the folder without running pickled code.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..checkpoint import atomic_save
 from ..errors import ArgumentParser, ConfigError
 from ..sharding import read_consolidated
 from ..sharding.checkpoints import TASK_KEY, check_sharded_folder, in_memory_file, read_meta
+from ..tasks.hf import check_export_dir
 from .maps import module_class
 
 
@@ -41,6 +43,7 @@ def export_pretrained(folder: Path, out: Path, class_name: str | None) -> Path:
     cls = module_class(name)
     if not callable(getattr(cls, "export", None)):
         raise ConfigError(f"--pretrained: {cls.__name__} has no save_pretrained export (Hugging Face tasks have one)")
+    check_export_dir(out, None, "--pretrained")  # nothing the user had is overwritten
     module = cls.load_from_checkpoint(in_memory_file(read_consolidated(folder)), map_location="cpu", weights_only=True)
     return module.export(out)
 
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> Path:
     if args.pretrained is not None:
         written = export_pretrained(folder, args.pretrained, args.model_class)
     else:
+        if args.out.exists():  # nothing the user had is overwritten
+            raise ConfigError(f"--out {args.out} exists; give a new file name, or move that one away")
         checkpoint = read_consolidated(folder)
         atomic_save(checkpoint, args.out)
         written = args.out

@@ -9,17 +9,21 @@ resumable loaders) is made once.
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..errors import ConfigError, DataError, MissingPathError
-from .resumable import ResumableDataLoader, eval_loader
+from .evaluation import eval_loader
+from .resumable import ResumableDataLoader
 
 
 class CorruptImageError(DataError):
@@ -71,6 +75,28 @@ def require_dir(path: Path, layout: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ChanceRate:
+    """The top-1 accuracy of always answering a split's most frequent class: the rate a model that learnt nothing
+    from the inputs reaches.
+
+    Attributes:
+        rate: the majority class's share of the split.
+        label: the majority class's index (the first of equally frequent ones).
+        samples: the split's size, which sets how far a measured accuracy strays from the rate by chance.
+        source: what the rate is, in words: ``majority class of 60 validation images``.
+    """
+
+    rate: float
+    label: int
+    samples: int
+    source: str
+
+    def standard_error(self) -> float:
+        """The binomial standard error of an accuracy measured on ``samples`` samples at this rate."""
+        return math.sqrt(self.rate * (1 - self.rate) / self.samples)
+
+
 class DataModule(pl.LightningDataModule):
     """Base of every DataModule: images here, token sequences in ``data/lra``, COCO in ``data/coco``.
 
@@ -88,6 +114,8 @@ class DataModule(pl.LightningDataModule):
     collate_fn: Callable[[list], Any] | None = None
     #: drop the ragged last training batch (Mixup needs even, full batches); detection keeps it
     drop_last_train: bool = True
+    #: what one sample is, in the words of :meth:`chance_rate`'s source (``60 validation images``)
+    sample_noun: str = "samples"
 
     @classmethod
     def check_paths(cls, **init_args: Any) -> None:
@@ -123,6 +151,33 @@ class DataModule(pl.LightningDataModule):
                 paths[str(sample[0])] = None
         return list(paths)
 
+    def split_labels(self, dataset: Dataset | None) -> np.ndarray | None:
+        """The class label of every sample of ``dataset`` (one of this module's splits), read without loading a
+        sample; None where the data has no class labels or they cannot be read that way. Here: a split with
+        ``samples`` of ``(path, label)`` (image folders) or a ``labels`` array (LRA's token sets), and a ``Subset``
+        of one (a seeded split); a DataModule whose splits are other data sets overrides it."""
+        if isinstance(dataset, Subset):
+            labels = self.split_labels(dataset.dataset)
+            return None if labels is None else labels[np.asarray(dataset.indices, dtype=np.int64)]
+        if getattr(dataset, "labels", None) is not None:
+            return np.asarray(dataset.labels, dtype=np.int64)
+        if getattr(dataset, "samples", None) is not None:
+            return np.asarray([label for _, label in dataset.samples], dtype=np.int64)
+        return None
+
+    def chance_rate(self, split: str = "val") -> ChanceRate | None:
+        """The majority-class rate of the validation (``val``) or test (``test``: the validation split where there
+        is none) split, which ``val/top1`` or ``test/top1`` is read against; None where the labels are unknown
+        (:meth:`split_labels`). Call it after ``setup()``."""
+        dataset = self.val_set if split == "val" else self._test_or_val()
+        labels = self.split_labels(dataset)
+        if labels is None or len(labels) == 0 or labels.min() < 0:  # -1: unlabelled (predict_root)
+            return None
+        counts = np.bincount(labels)
+        name = "validation" if dataset is self.val_set else "test"
+        source = f"majority class of {len(labels)} {name} {self.sample_noun}"
+        return ChanceRate(float(counts.max() / len(labels)), int(counts.argmax()), len(labels), source)
+
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
@@ -133,7 +188,8 @@ class DataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),  # on CPU only a warning would come of it
             persistent_workers=self.num_workers > 0,
         )
-        # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once under DDP
+        # training resumes mid-epoch with per-sample seeded augmentation; evaluation counts every sample once on any
+        # number of ranks, and under a sharded strategy gives every rank the same number of batches
         if train:
             return ResumableDataLoader(dataset, shuffle=True, drop_last=self.drop_last_train, **settings)
         return eval_loader(dataset, self.trainer, **settings)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from .base import DataModule
 
@@ -21,6 +22,7 @@ class DigitsDataModule(DataModule):
 
     num_classes = 10
     classes = [str(digit) for digit in range(10)]
+    sample_noun = "images"
 
     def __init__(
         self,
@@ -47,3 +49,7 @@ class DigitsDataModule(DataModule):
         )
         self.train_set = TensorDataset(images[train_idx], labels[train_idx])
         self.val_set = TensorDataset(images[val_idx], labels[val_idx])
+
+    def split_labels(self, dataset: Dataset | None) -> np.ndarray | None:
+        """A split's labels: the second tensor of its ``TensorDataset``."""
+        return dataset.tensors[1].numpy() if isinstance(dataset, TensorDataset) else super().split_labels(dataset)

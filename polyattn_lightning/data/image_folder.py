@@ -22,6 +22,7 @@ class ImageFolderDataModule(DataModule):
     """
 
     layout = "<root>/train/<class>/<image>.JPEG and <root>/val/<class>/<image>.JPEG (one folder per class)"
+    sample_noun = "images"
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Data loading that resumes mid-epoch and counts evaluation samples once under DDP.
+"""Training data loading that resumes mid-epoch, with per-sample random draws (evaluation loaders: ``evaluation.py``).
 
 Resuming: Lightning stores the train loader's ``state_dict()`` in every
 checkpoint and hands it back through ``load_state_dict()`` after a restart,
@@ -18,12 +18,6 @@ CPU generator before each sample with a seed that is a function of ``(seed,
 epoch, sample index)`` only, so a sample's augmentation is the same whichever
 worker, rank or run loads it: a run resumed mid-epoch with loader workers
 continues bitwise, and one process with batch ``2B`` augments like two ranks.
-
-Evaluating: under DDP Lightning gives evaluation loaders a DistributedSampler,
-which pads the set to a multiple of the world size with repeated samples, and
-the repeats count in the metrics. :func:`eval_sampler` splits the set across
-ranks without repeats (Lightning's own ``UnrepeatedDistributedSampler``);
-:func:`eval_loader` uses it and gives the loader a generator of its own.
 """
 
 from __future__ import annotations
@@ -34,10 +28,8 @@ import os
 import random
 from typing import Any, Iterator
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -214,22 +206,3 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Skip ``batches_done`` batches if the next pass is the saved epoch (not if that epoch had ended)."""
         self._resume = dict(state)
-
-
-def eval_loader(dataset: Dataset, trainer: pl.Trainer | None, **kwargs: Any) -> DataLoader:
-    """A validation/test/predict DataLoader (DataLoader's arguments): in order, each sample once across
-    DDP ranks (:func:`eval_sampler`), and with a generator of its own. Without one, DataLoader draws
-    its worker seeds from the global torch RNG at every pass, and evaluation inside a training run
-    would shift the training's later random draws (a resumed run, which skips the sanity check,
-    would then draw differently from the original run)."""
-    generator = torch.Generator().manual_seed(global_seed())
-    return DataLoader(dataset, shuffle=False, sampler=eval_sampler(dataset, trainer), generator=generator, **kwargs)
-
-
-def eval_sampler(dataset: Dataset, trainer: pl.Trainer | None) -> Sampler | None:
-    """Under DDP, this rank's share of ``dataset`` with no sample repeated; None (Lightning's default) otherwise."""
-    if trainer is None or trainer.world_size == 1:
-        return None
-    return UnrepeatedDistributedSampler(
-        dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
-    )

@@ -109,6 +109,11 @@ class Encoded(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.items[index]
 
+    @property
+    def labels(self) -> list[int] | None:
+        """Every row's class index (labelled rows), or None (blocks of a causal LM's text have none)."""
+        return [item["labels"] for item in self.items] if self.items and "labels" in self.items[0] else None
+
 
 class TextData(DataModule):
     """What both text DataModules share: split files read with the model's tokenizer, set up once, the last short
@@ -153,6 +158,8 @@ class TextData(DataModule):
 
 class TextClassificationData(TextData):
     """Labelled text from CSV / JSONL files; batches are the tokenizer's padded dicts plus ``labels``."""
+
+    sample_noun = "rows"
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ from .. import deprecated
 from .base import TaskModule
 from .classification import ClassificationModule, MixupRecipe, Recipe
 from .detection import DetectionModule
+from .evaluation import logits_evaluation
 from .hf import HFCausalLM, HFSequenceClassification
 from .lra import LRAModule
 from .optim import OptimRecipe
@@ -23,6 +24,7 @@ __all__ = [
     "OptimRecipe",
     "Recipe",
     "TaskModule",
+    "logits_evaluation",
 ]
 
 

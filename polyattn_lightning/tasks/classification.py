@@ -19,7 +19,9 @@ from ..checkpoint import checkpoint_safe
 from ..conversion import ConvertRecipe
 from ..conversion.lora import LoraRecipe
 from ..errors import ConfigError, UserInputError
-from .base import TaskModule, as_dataclass, logits_evaluation
+from .base import TaskModule
+from .evaluation import logits_evaluation
+from .hparams import as_dataclass
 from ..models.timm_builder import check_model_name, create_timm_model, resolve_pretrained_file
 from .optim import OptimRecipe
 
@@ -105,6 +107,8 @@ class ClassificationModule(TaskModule):
 
     data_args = ("num_classes",)
     optional_data_args = ("img_size",)
+    #: deprecated init argument paths and the ones that replace them: the CLI reads ``--model.recipe.optim.lr 0``
+    #: as ``--model.optim.lr 0``, with a deprecation line
     renamed_args = {f"recipe.{name}": name for name in ("optim", "mixup", "drop_path_rate")}
 
     def __init__(
@@ -149,11 +153,9 @@ class ClassificationModule(TaskModule):
                 ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters and the classifier train.
         """
         super().__init__()
-        self.save_hyperparameters()
         from_recipe(self.hparams)
         self.mixup_recipe = as_dataclass(self.hparams.mixup, MixupRecipe)
         self.model: nn.Module | None = None
-        self.build_if_known()
 
     @classmethod
     def check_init_args(cls, init_args: Mapping[str, Any]) -> None:
@@ -227,10 +229,10 @@ class ClassificationModule(TaskModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+    def evaluate(self, batch: tuple[Tensor, Tensor], stage: str | None) -> None:
         images, targets = batch
         logits_evaluation(self, self(images), targets, stage)
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Class probabilities."""
         return self(batch[0]).softmax(dim=-1)

@@ -84,7 +84,6 @@ class DetectionModule(TaskModule):
                 backbone's new resampling branches, the neck and the heads train, the pretrained XCiT is frozen.
         """
         super().__init__()
-        self.save_hyperparameters()
         config = _detection()[0].load_detector_config(detector)
         self.hparams.detector = copy.deepcopy(config)  # checkpoints hold the config itself (weights_only-loadable)
         backbone = config.get("backbone") if isinstance(config.get("backbone"), dict) else {}
@@ -112,7 +111,6 @@ class DetectionModule(TaskModule):
         self.detector = None
         self._results: list[dict] = []
         self._metric = None
-        self.build_if_known()
 
     def build(self) -> None:
         detector_config, scoring = _detection()
@@ -203,11 +201,13 @@ class DetectionModule(TaskModule):
         converted, self._metric.results = self._metric.results, []
         return [result for _gt, result in converted]
 
-    def evaluate(self, batch: dict, stage: str) -> None:
-        """Keep the batch's detections; they are scored together at the end of the epoch."""
-        self._results.extend(self._predict(batch))
+    def evaluate(self, batch: dict, stage: str | None) -> None:
+        """Keep the batch's detections (not a padding batch's); they are scored together at the end of the epoch."""
+        results = self._predict(batch)
+        if stage is not None:
+            self._results.extend(results)
 
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+    def predict(self, batch: dict) -> list[dict]:
         """Per image: ``img_id``, ``bboxes`` (x1, y1, x2, y2), ``scores``, ``labels`` and RLE ``masks``."""
         return self._predict(batch)
 

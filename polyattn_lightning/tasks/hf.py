@@ -17,7 +17,11 @@ id) and its lengths against the model's positions.
 Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weights after the test that ends
 ``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder (LoRA adapters merged
 into the weights: it loads without peft); its ``config.json`` carries the activation (``polyattn_attention``) and
-:func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it back switched to it.
+:func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it back switched to it. Nothing the user had is
+overwritten: beside the model the export writes :data:`EXPORT_MARKER`, naming the run folder that wrote it, and
+``fit`` refuses, before it trains, an ``export_dir`` that holds anything else than that run folder's own export (a
+run resumed in its own folder rewrites its export; a run without a logger has no run folder, so it exports only into
+a new or empty folder).
 
 transformers is imported only when a model is built.
 """
@@ -54,8 +58,10 @@ from ..models.hf_pretrained import (
     resolve_folder,
 )
 from ..sharding import full_state_dict, plain_class
-from .base import TaskModule, from_deprecated_calibrate, logits_evaluation
+from .base import TaskModule
+from .evaluation import logits_evaluation
 from .optim import OptimRecipe
+from .steps.convert import from_deprecated_calibrate
 
 #: Training samples in the probe batch that set_attention runs.
 PROBE_SAMPLES = 16
@@ -70,6 +76,40 @@ HF_OPTIM = OptimRecipe(
     min_lr=0.0,
     schedule="linear",
 )
+
+
+#: The file an export writes beside the model: ``{"run_dir": the run folder that wrote it (None: no run folder),
+#: "global_step": ...}``.
+EXPORT_MARKER = "polyattn_export.json"
+
+
+def check_export_dir(folder: Path, run_dir: Path | None, option: str = "model.init_args.export_dir") -> None:
+    """Refuse, in one line naming ``option``, an export folder that holds anything but the export of ``run_dir``
+    (this run's folder; None: there is none): files without :data:`EXPORT_MARKER`, or the export of another run
+    folder. A new or empty folder is always fine."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    key = f"{option} {folder}"
+    try:
+        writer = json.loads((folder / EXPORT_MARKER).read_text())["run_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        names = sorted(path.name for path in folder.iterdir())
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ConfigError(
+            f"{key} already holds files this run did not write ({shown}); give a new or empty folder, or move them "
+            "away (the export would overwrite them)"
+        ) from None
+    if run_dir is not None and writer == str(run_dir.resolve()):
+        return  # this run folder's own export: a resumed run rewrites it
+    if writer is None:
+        raise ConfigError(
+            f"{key} holds an export written outside any run folder (polyattn consolidate, or a run without a "
+            "logger); give a new or empty folder, or move it away"
+        )
+    raise ConfigError(
+        f"{key} holds the export of the run in {writer}; give a new or empty folder, or resume that run in its own "
+        f"folder (fit --ckpt_path {Path(writer) / 'checkpoints' / 'last.ckpt'}), which rewrites its own export"
+    )
 
 
 @contextlib.contextmanager
@@ -215,17 +255,32 @@ class HFTask(TaskModule):
         """The diagnostics' probe: the first ``size`` rows of every entry, passed to ``forward`` as one dict."""
         return {key: value[:size].detach().clone() for key, value in batch.items()}
 
+    def setup(self, stage: str) -> None:
+        """Also refuse, before anything trains, an ``export_dir`` that holds what this run did not write
+        (:func:`check_export_dir`)."""
+        super().setup(stage)
+        if stage == "fit" and self.hparams.export_dir:
+            check_export_dir(Path(self.hparams.export_dir), self.run_dir())
+
+    def run_dir(self) -> Path | None:
+        """The run's folder (the first logger's; None without a logger or trainer). Every rank asks: the trainer
+        broadcasts it from rank 0."""
+        trainer = self._trainer
+        return Path(trainer.log_dir) if trainer is not None and trainer.loggers and trainer.log_dir else None
+
     def on_fit_end(self) -> None:
-        super().on_fit_end()  # the best checkpoint's test loads its weights
+        """Export to ``export_dir``: after the best checkpoint's test (a callback, whose ``on_fit_end`` runs first),
+        so the export holds the tested weights."""
         if self.hparams.export_dir:
             self.export(self.hparams.export_dir)  # every rank: a sharded model is gathered first
 
     def export(self, folder: str | Path) -> Path:
-        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, by global
-        rank 0; every rank calls it (a sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
+        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, and
+        :data:`EXPORT_MARKER`, by global rank 0; every rank calls it (a sharded model's weights are gathered,
+        :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
         model = self.model
-        state = full_state_dict(model)
+        state, run_dir = full_state_dict(model), self.run_dir()
         if self._trainer is not None and not self.trainer.is_global_zero:
             return folder
         if is_lora(model):  # adapters merged into the weights, under the base layers' names: loads without peft
@@ -238,6 +293,11 @@ class HFTask(TaskModule):
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
+        marker = {
+            "run_dir": str(run_dir.resolve()) if run_dir is not None else None,
+            "global_step": self._trainer.global_step if self._trainer is not None else None,
+        }
+        (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         rank_zero_info(
             f"exported the model to {folder} (load it with polyattn_lightning.attention.switch.hf.load_pretrained)"
         )
@@ -287,10 +347,8 @@ class HFSequenceClassification(HFTask):
             built_config: filled by the task (the config the model was built with); leave it unset.
         """
         super().__init__()
-        self.save_hyperparameters()
         from_deprecated_calibrate(self.hparams)
         self.model = None
-        self.build_if_known()
 
     def config_overrides(self) -> dict[str, Any]:
         labels = list(self.hparams.classes)
@@ -335,10 +393,10 @@ class HFSequenceClassification(HFTask):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         return loss
 
-    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str | None) -> None:
         logits_evaluation(self, self(batch), batch["labels"], stage)
 
-    def predict_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: Mapping[str, Tensor]) -> Tensor:
         """Class probabilities (the class names are ``hparams.classes``)."""
         return self(batch).softmax(-1)
 
@@ -377,10 +435,8 @@ class HFCausalLM(HFTask):
             vocab_size: None takes the data's (its tokenizer's size); a model from ``hf_config`` is built with it.
         """
         super().__init__()
-        self.save_hyperparameters()
         from_deprecated_calibrate(self.hparams)
         self.model = None
-        self.build_if_known()
 
     def config_overrides(self) -> dict[str, Any]:
         return {"vocab_size": self.hparams.vocab_size} if self.hparams.model is None else {}
@@ -397,15 +453,12 @@ class HFCausalLM(HFTask):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(ids))
         return loss
 
-    def evaluate(self, batch: Mapping[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: Mapping[str, Tensor], stage: str | None) -> None:
         ids = batch["input_ids"]
         logits, targets = self(batch)[:, :-1].float(), ids[:, 1:]
-        self.log(
-            f"{stage}/loss",
-            torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets),
-            sync_dist=True,
-            batch_size=targets.numel(),
-        )
+        if stage is None:  # a padding batch: its forward only
+            return
+        self.log_loss(stage, torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets), targets.numel())
         metrics = self.stage_metrics(stage)
         metrics.update(logits, targets)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)

@@ -21,9 +21,9 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..attention import ActivationSpec
-from ..data.lra.base import majority_rate
 from ..models import LRAClassifier
-from .base import TaskModule, logits_evaluation
+from .base import TaskModule
+from .evaluation import logits_evaluation
 from .optim import OptimRecipe
 
 #: Xiong et al.'s optimizer and schedule: AdamW (0.9, 0.999), eps 1e-6, no weight decay, lr 1e-4, linear
@@ -77,9 +77,7 @@ class LRAModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint.
         """
         super().__init__()
-        self.save_hyperparameters()
         self.model: LRAClassifier | None = None
-        self.build_if_known()
 
     def build(self) -> None:
         hp = self.hparams
@@ -101,9 +99,9 @@ class LRAModule(TaskModule):
     def on_fit_start(self) -> None:
         """Log the majority-class rate of the validation and test splits: the chance level that ``val/top1`` and
         ``test/top1`` (and the README's "about 2x the majority-class rate") are measured against."""
-        datamodule = self.trainer.datamodule
-        rates = {split: majority_rate(getattr(datamodule, f"{split}_set", None)) for split in ("val", "test")}
-        shown = [f"{split} {rate:.1%} (class {label})" for split, (label, rate) in rates.items() if rates[split]]
+        chance_rate = getattr(self.trainer.datamodule, "chance_rate", None)  # a DataModule of this project's
+        rates = {split: chance_rate(split) if chance_rate else None for split in ("val", "test")}
+        shown = [f"{split} {rate.rate:.1%} (class {rate.label})" for split, rate in rates.items() if rate]
         if shown:
             rank_zero_info(
                 f"majority-class rate (top-1 of always answering the most frequent class): {', '.join(shown)}"
@@ -117,10 +115,10 @@ class LRAModule(TaskModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
+    def evaluate(self, batch: dict[str, Tensor], stage: str | None) -> None:
         logits_evaluation(self, self(batch["input_ids"], batch["mask"]), batch["label"], stage)
 
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def predict(self, batch: dict[str, Tensor]) -> Tensor:
         """Class probabilities."""
         return self(batch["input_ids"], batch["mask"]).softmax(dim=-1)
 

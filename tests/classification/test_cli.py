@@ -1,6 +1,7 @@
 """The CLI: every config builds, and `fit` runs on the quickstart and on JPEG layouts on disk."""
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -9,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch import Trainer
 
 from training_helpers import (CONFIGS, QUICKSTART, built, config_piece, experiment_configs, fit, named_pieces,
                               resolved_config, runs_activation)
 
 from polyattn_lightning import cli
+from polyattn_lightning.cli import defaults
 from polyattn_lightning.models.timm_builder import create_timm_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
@@ -62,9 +65,21 @@ def test_every_shared_config_piece_is_used_by_an_experiment():
 
 
 def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu(capsys, monkeypatch):
-    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == cli.default_precision()
-    monkeypatch.setattr(cli, "default_precision", lambda: "bf16-mixed")
+    assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == defaults.default_precision()
+    monkeypatch.setattr(defaults, "default_precision", lambda: "bf16-mixed")
     assert resolved_config(capsys, QUICKSTART)["trainer"]["precision"] == "bf16-mixed"
+
+
+def test_a_batch_limit_given_as_an_int_counts_batches_whatever_union_the_typing_cache_gave(capsys, monkeypatch):
+    """``1`` is one batch and ``1.0`` the whole epoch, also where Python's typing cache handed Lightning's Trainer
+    its ``Optional[Union[int, float]]`` float first (as in the lowest environment: ``lightning.fabric`` made that
+    union first, and jsonargparse tries a union's types in order)."""
+    init = inspect.unwrap(Trainer.__init__)
+    for name in defaults.BATCH_LIMITS:
+        monkeypatch.setitem(init.__annotations__, name, float | int | None)
+    given = dict(limit_train_batches="1", limit_val_batches="1.0", limit_test_batches="0.5", limit_predict_batches="3")
+    config = resolved_config(capsys, QUICKSTART, *(f"--trainer.{name}={value}" for name, value in given.items()))
+    assert {name: repr(config["trainer"][name]) for name in given} == given
 
 
 def test_python_m_help_names_the_command():
@@ -120,11 +135,12 @@ def test_resuming_a_fine_tuned_run_does_not_need_the_pretrained_file(tmp_path, m
 def test_predict_saves_probabilities_for_every_sample_in_data_set_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ("--config", str(QUICKSTART), "--trainer.enable_progress_bar", "false")
-    trained = fit(*args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")
-    ckpt = tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
-    cli.make_cli(["predict", *args, "--ckpt_path", str(ckpt)])
-    saved = torch.load(tmp_path / "runs" / "classification" / "quickstart" / "version_0" / "predict_last" / "predictions" / "rank0.pt",
-                       weights_only=True)
+    trained = fit(
+        *args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"
+    )
+    run = tmp_path / "runs" / "classification" / "quickstart" / "version_0"
+    cli.make_cli(["predict", *args, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    saved = torch.load(run / "predict_last" / "predictions" / "rank0.pt", weights_only=True)
     val_set = trained.datamodule.val_set
     assert saved["predictions"].shape == (len(val_set), 10)
     torch.testing.assert_close(saved["predictions"].sum(dim=1), torch.ones(len(val_set)))

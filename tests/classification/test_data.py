@@ -1,10 +1,12 @@
 """DataModules: real JPEG layouts on disk, the built-in digits, and clear errors for bad data."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from polyattn_lightning.data import CorruptImageError, DigitsDataModule, ImageFolderDataModule, TinyImageNetDataModule
 
@@ -25,6 +27,30 @@ def test_image_folder_reads_classes_from_train_folders(image_folder: Path):
     assert (len(datamodule.train_set), len(datamodule.val_set)) == (12, 6)
     image, label = datamodule.val_set[5]
     assert image.shape == (3, 32, 32) and label == 2
+
+
+def majority(dataset) -> tuple[int, float]:
+    """The most frequent label of a data set and its share, counted sample by sample (each one loaded)."""
+    label, count = Counter(int(dataset[i][1]) for i in range(len(dataset))).most_common(1)[0]
+    return label, count / len(dataset)
+
+
+def test_the_chance_rate_is_the_validation_splits_majority_class(image_folder: Path):
+    for extra in range(3):  # three more validation images of class 1: 5 of the 9
+        path = image_folder / "val" / sorted(p.name for p in (image_folder / "val").iterdir())[1] / f"extra{extra}.png"
+        Image.new("RGB", (8, 8)).save(path)
+    folder = ImageFolderDataModule(str(image_folder), img_size=32, batch_size=4, num_workers=0)
+    digits = DigitsDataModule(img_size=8)
+    for datamodule, noun in ((folder, "images"), (digits, "images")):
+        datamodule.setup("fit")
+        chance = datamodule.chance_rate()
+        n = len(datamodule.val_set)
+        assert (chance.label, chance.rate) == majority(datamodule.val_set)
+        assert chance.samples == n and chance.source == f"majority class of {n} validation {noun}"
+        assert chance.standard_error() == pytest.approx((chance.rate * (1 - chance.rate) / n) ** 0.5)
+        # no test split: the test metrics are the validation split's
+        assert datamodule.chance_rate("test").source == f"majority class of {n} validation {noun}"
+    assert folder.chance_rate().rate == 5 / 9  # 2 + 3 of the 9 images
 
 
 def test_tiny_imagenet_labels_follow_sorted_wnids(tiny_imagenet: Path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from polyattn_lightning.cli import yaml_references
+from polyattn_lightning.cli.prechecks import yaml_references
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

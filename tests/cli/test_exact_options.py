@@ -17,6 +17,7 @@ import pytest
 from training_helpers import error_lines, run_commands
 
 from polyattn_lightning import cli
+from polyattn_lightning.cli import dispatch
 from polyattn_lightning.bench import __main__ as bench
 from polyattn_lightning.data.lra import __main__ as lra_data
 from polyattn_lightning.errors import ArgumentParser
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
 
 #: Every command with a plain argparse parser, as ``(entry point, the words naming the command)``.
-COMMANDS = [(cli.main, [verb]) for verb in cli.COMMANDS] + [(bench.main, [name]) for name in bench.BENCHMARKS]
+COMMANDS = [(cli.main, [verb]) for verb in dispatch.COMMANDS] + [(bench.main, [name]) for name in bench.BENCHMARKS]
 COMMANDS.append((lra_data.main, []))
 
 

@@ -79,7 +79,7 @@ def print_config(capsys, *args: str) -> dict:
 def test_print_config_shows_every_short_key_with_the_tasks_monitor(capsys):
     config = print_config(capsys, "--config", str(QUICKSTART), "--nan_guard.on_nonfinite", "skip",
                           "--checkpoint.every_n_train_steps", "500", "--norms.every_n_steps", "10")
-    assert set(STANDARD_KEYS) - {"resume"} <= set(config)  # ExactResume has no option
+    assert set(STANDARD_KEYS) - {"resume", "summary"} <= set(config)  # ExactResume and RunSummary have no option
     assert config["nan_guard"] == {"on_nonfinite": "skip"}
     assert config["checkpoint"]["every_n_train_steps"] == 500 and config["norms"]["every_n_steps"] == 10
     assert (config["checkpoint"]["monitor"], config["checkpoint"]["mode"]) == ("val/top1", "max")

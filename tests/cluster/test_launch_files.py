@@ -1,8 +1,9 @@
 """The Docker image, SLURM script and torchrun script agree with the project they launch.
 
-No Docker engine or SLURM runs in CI, so the Dockerfile and the sbatch script
-are read and checked against pyproject.toml and the CLI; the torchrun script
-really runs (2 CPU processes).
+No Docker engine runs in CI, so the Dockerfile is read and checked against
+pyproject.toml and the CLI; so is the sbatch script, in seconds and for the
+GPU nodes it asks for (its real runs on SLURM: test_slurm_jobs.py); the torchrun
+script really runs (2 CPU processes).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import MixedPrecision
 from training_helpers import cpu_trainer
 
-from polyattn_lightning import cli
+from polyattn_lightning.cli.defaults import default_precision
 from polyattn_lightning.checkpoint import SafeCheckpointIO
 
 
@@ -78,4 +78,4 @@ def test_16_mixed_with_grad_scaler_trains_poly3_where_naive_fp16_overflows():
 def test_default_precision_is_bf16_mixed_on_gpus_that_have_it(monkeypatch, cuda, bf16, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
-    assert cli.default_precision() == expected
+    assert default_precision() == expected

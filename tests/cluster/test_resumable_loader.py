@@ -1,15 +1,14 @@
-"""The resumable training loader and the evaluation sampler, without a trainer."""
+"""The resumable training loader, without a trainer."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from polyattn_lightning.data.resumable import ResumableDataLoader, eval_loader, eval_sampler
+from polyattn_lightning.data.resumable import ResumableDataLoader
 
 
 class CountingDataset(Dataset):
@@ -85,14 +84,6 @@ def test_one_process_sees_the_global_batches_of_two_ranks(monkeypatch):
     assert [sorted(b) for b in one] == [sorted(r0.tolist() + r1.tolist()) for r0, r1 in zip(*ranks)]
 
 
-def test_eval_sampler_splits_an_odd_set_across_ranks_without_repeats():
-    dataset = CountingDataset(181)
-    shares = [list(eval_sampler(dataset, SimpleNamespace(world_size=2, global_rank=r))) for r in range(2)]
-    assert [len(s) for s in shares] == [91, 90]
-    assert sorted(shares[0] + shares[1]) == list(range(181))
-    assert eval_sampler(dataset, SimpleNamespace(world_size=1, global_rank=0)) is None
-
-
 @pytest.mark.slow  # loader worker processes
 def test_resuming_mid_epoch_with_persistent_workers_skips_the_finished_batches():
     def loader(data):
@@ -133,9 +124,3 @@ def test_a_samples_random_draws_do_not_depend_on_the_worker_that_loads_it():
     workers = ResumableDataLoader(RandomDraws(), batch_size=3, shuffle=True, num_workers=2, persistent_workers=True)
     assert draws_by_index(workers, 2) == in_process
 
-
-def test_evaluation_loaders_leave_the_global_rng_alone():
-    before = rng_states()
-    batches = list(eval_loader(CountingDataset(10), None, batch_size=4))
-    assert rng_states() == before  # a plain DataLoader draws its worker seed from the global torch RNG at every pass
-    assert torch.cat(batches).tolist() == list(range(10))

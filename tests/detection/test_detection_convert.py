@@ -17,7 +17,7 @@ from polyattn_lightning.conversion import ConvertRecipe, convert
 from polyattn_lightning.conversion.lora import LoraRecipe
 from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.models.xcit_detection import XCiTBackbone
-from polyattn_lightning.tasks.base import CONVERSION_KEY
+from polyattn_lightning.tasks.steps.convert import CONVERSION_KEY
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 

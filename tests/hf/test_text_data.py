@@ -39,6 +39,19 @@ def test_rows_labels_and_batches(tmp_path, tokenizer_dir):
     assert sorted_classes(["b", "a", "c"]) == ["a", "b", "c"]
 
 
+def test_the_chance_rate_is_the_validation_rows_majority_label(tmp_path, tokenizer_dir):
+    train = write_csv(tmp_path / "train.csv", ["text,label", "a,x", "b,y", "c,z"])
+    val = write_csv(tmp_path / "val.csv", ["text,label", "a,y", "b,y", "c,x", "d,y", "e,z"])
+    data = TextClassificationData(str(train), str(val), str(tokenizer_dir))
+    data.setup("fit")
+    chance = data.chance_rate()
+    assert (data.classes[chance.label], chance.rate, chance.samples) == ("y", 3 / 5, 5)
+    assert chance.source == "majority class of 5 validation rows"
+    blocks = CausalLMText(str(val), str(val), str(tokenizer_dir), block_size=2)
+    blocks.setup("fit")
+    assert blocks.chance_rate() is None  # a language model's text has no classes
+
+
 @pytest.mark.parametrize("name, lines, message", [
     ("bad.csv", ["text,label", "fine,1", "one,two,three"], r"bad\.csv:3: 3 fields, the header has 2"),
     ("bad.csv", ["text,label", "fine,1", ",1"], r"bad\.csv:3: no 'text' value"),

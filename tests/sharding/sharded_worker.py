@@ -13,6 +13,10 @@ Rank 0 writes to OUT_DIR (``torch.save`` of plain values):
   ``decoder_resumed.pt``: that run resumed from it on 2 ranks (bit for bit the uninterrupted one).
 * ``memory.pt``: the lines :class:`MemoryReport` said in the sharded decoder poly3 run.
 * ``meta_init.pt``: the decoder built on the meta device under the sharded strategy and initialised after sharding.
+* ``uneven_{vit_ddp,vit_fsdp,decoder_fsdp}.pt``: a fit with validation (sanity check, every epoch, and the ViT's
+  test at the end of fit), then ``validate``, ``test`` and ``predict`` (with the prediction writer, its files in
+  ``uneven_<kind>_<layout>/predictions``), all on splits whose two shares make different numbers of batches: the
+  whole weights, the metrics, and each rank's number of validation batches.
 * ``preempted_{reference,resumed}.pt``: the ViT with Mixup and drop path (random draws every step), sharded, without
   interruption and after a SIGUSR1 on rank 1 mid-step 5, requeue and restart (``preempted_stopped.pt``: None).
 """
@@ -31,11 +35,18 @@ from ddp_worker import PoisonRank1Samples
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from preemption_worker import SendSignal, capture_all_rng
-from sharding_harness import STEPS, fit, meta_build, strategy, weights
+from sharding_harness import STEPS, fit, meta_build, strategy, uneven, weights
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from training_helpers import cpu_trainer
 
-from polyattn_lightning.callbacks import AttentionNorms, ExactResume, MemoryReport, NonFiniteLossGuard, StopOnSignal
+from polyattn_lightning.callbacks import (
+    AttentionNorms,
+    ExactResume,
+    MemoryReport,
+    NonFiniteLossGuard,
+    PredictionWriter,
+    StopOnSignal,
+)
 from polyattn_lightning.distributed import distributed_teardown, gather_objects
 from polyattn_lightning.sharding.memory import held_bytes
 
@@ -84,6 +95,30 @@ def meta_built(out: Path, rank: int) -> None:
         torch.save(result, out / "meta_init.pt")
 
 
+def uneven_evaluation(init: Path, out: Path, rank: int) -> None:
+    for kind, layout in (("vit", "ddp"), ("vit", "fsdp"), ("decoder", "fsdp")):
+        pl.seed_everything(0, workers=True)
+        model, data = uneven(kind)
+        model.load_state_dict(torch.load(init / f"{kind}_init.pt", weights_only=True))
+        trainer = cpu_trainer(
+            devices=2,
+            strategy=strategy(layout),
+            max_epochs=2,
+            limit_train_batches=2,
+            num_sanity_val_steps=2,
+            default_root_dir=out / f"uneven_{kind}_{layout}",
+            callbacks=[PredictionWriter()],
+        )
+        trainer.fit(model, data)
+        fit_val = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val/")}
+        val_batches = gather_objects(trainer.num_val_batches[0])
+        validated, tested = trainer.validate(model, data)[0], trainer.test(model, data)[0]
+        trainer.predict(model, data, return_predictions=False)
+        result = {"weights": weights(model), "fit_val": fit_val, "val": validated, "test": tested}
+        if rank == 0:
+            torch.save({**result, "val_batches": val_batches}, out / f"uneven_{kind}_{layout}.pt")
+
+
 def preempted(out: Path, rank: int, where: str) -> dict | None:
     root = out / "preempted"
     pl.seed_everything(0, workers=True)
@@ -126,6 +161,7 @@ def main(init: str, out: str) -> None:
     equivalence(init_dir, out_dir, rank)
     resume_from_folder(init_dir, out_dir, rank)
     meta_built(out_dir, rank)
+    uneven_evaluation(init_dir, out_dir, rank)
     for where in ("reference", "mid_step", "resumed"):
         result = preempted(out_dir, rank, where)
         if rank == 0:

@@ -6,6 +6,10 @@ of 16 tokens loaded by a :class:`ResumableDataLoader` (global batch 8: 8 steps a
 dropout: its training draws no random number, so a run on 2 ranks and one on 1 process with the same global batch
 are comparable step by step, and so is a run resumed on another number of ranks. The ViT is the cluster tests'
 (``cluster_harness.tiny_classifier``: 2 ``Block``s of width 32 on 8x8 digits).
+
+:func:`uneven`: either task with validation and test splits whose two ranks' shares make different numbers of
+batches (:data:`VAL_SIZE` and :data:`TEST_SIZE` samples in batches of :data:`EVAL_BATCH`): 5 and 4 samples, 2 and 1
+batches; 9 and 8, 3 and 2.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import lightning.pytorch as pl
 import torch
 from cluster_harness import digits, tiny_classifier
 from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import Subset
 from training_helpers import cpu_trainer
 
+from polyattn_lightning.data import DigitsDataModule
+from polyattn_lightning.data.evaluation import eval_loader
 from polyattn_lightning.data.resumable import ResumableDataLoader
 from polyattn_lightning.sharding import ShardedStrategy, build_later, full_state_dict
 from polyattn_lightning.tasks import HFCausalLM, OptimRecipe
@@ -51,6 +58,40 @@ class TokenData(pl.LightningDataModule):
 
     def train_dataloader(self) -> ResumableDataLoader:
         return ResumableDataLoader(self.rows, batch_size=self.batch_size, shuffle=True)
+
+
+#: the uneven evaluation splits (:func:`uneven`) and their per-rank batch size
+VAL_SIZE, TEST_SIZE, EVAL_BATCH = 9, 17, 4
+
+
+class UnevenTokens(TokenData):
+    """:class:`TokenData` with validation and test (and predict) splits of the first rows, through the project's
+    evaluation loaders."""
+
+    def val_dataloader(self):
+        return eval_loader(self.rows[:VAL_SIZE], self.trainer, batch_size=EVAL_BATCH)
+
+    def test_dataloader(self):
+        return eval_loader(self.rows[VAL_SIZE : VAL_SIZE + TEST_SIZE], self.trainer, batch_size=EVAL_BATCH)
+
+    predict_dataloader = test_dataloader
+
+
+class UnevenDigits(DigitsDataModule):
+    """The digits with disjoint validation and test splits of :data:`VAL_SIZE` and :data:`TEST_SIZE` samples."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        held_out = self.val_set
+        self.val_set = Subset(held_out, range(VAL_SIZE))
+        self.test_set = Subset(held_out, range(VAL_SIZE, VAL_SIZE + TEST_SIZE))
+
+
+def uneven(kind: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    """The ``decoder`` or ``vit`` task and its data with the uneven evaluation splits, batch :data:`EVAL_BATCH`."""
+    if kind == "decoder":
+        return tiny_decoder(), UnevenTokens(EVAL_BATCH)
+    return tiny_classifier(), UnevenDigits(img_size=8, batch_size=EVAL_BATCH, num_workers=0)
 
 
 def tiny_decoder(attention: Any = "poly3") -> HFCausalLM:

@@ -1,12 +1,14 @@
 """The sharded strategy through the CLI on one rank: ``--trainer configs/<family>/trainer/fsdp.yaml`` merged into a
 config's trainer settings, the model built on the meta device, checkpoint folders, ``--ckpt_path`` taking a folder,
 ``polyattn consolidate`` to one file (which resumes without sharding) and to a ``save_pretrained`` folder (which
-plain transformers loads, and ``load_pretrained`` runs with the trained activation), and the one-line errors."""
+plain transformers loads, and ``load_pretrained`` runs with the trained activation), neither over an existing one,
+and the one-line errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from polyattn_lightning import cli
 from polyattn_lightning.attention.switch.hf import load_pretrained
 from polyattn_lightning.callbacks import MemoryReport
 from polyattn_lightning.commands import consolidate
+from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
 from polyattn_lightning.tasks import HFCausalLM
 
@@ -77,14 +80,22 @@ def test_sharded_fit_resume_and_consolidation_through_the_cli(tmp_path, monkeypa
 
     whole = tmp_path / "last_full.ckpt"
     consolidate.main([str(last), "--out", str(whole)])
+    exists = f"^--out {re.escape(str(whole))} exists; give a new file name, or move that one away$"
+    with pytest.raises(ConfigError, match=exists):
+        consolidate.main([str(last), "--out", str(whole)])  # nothing the user had is overwritten
     checkpoint = torch.load(whole, weights_only=True)
     assert checkpoint["global_step"] == 2 and "model.model.embed_tokens.weight" in checkpoint["state_dict"]
-    plain = fit("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps", "3",
-                "--ckpt_path", str(whole))  # one process, no sharding
+    one_process = ("--config", str(LLAMA), "--trainer.accelerator", "cpu", *ARGS[4:], *data, "--trainer.max_steps",
+                   "3", "--ckpt_path", str(whole))  # no sharding, in a new run folder (the file is outside the run's)
+    with pytest.raises(ConfigError, match="exported_by_fit holds the export of the run in .*version_0"):
+        fit(*one_process)  # which would overwrite the export of the first run's folder
+    plain = fit(*one_process, "--model.init_args.export_dir", str(tmp_path / "exported_by_plain"))
     assert plain.trainer.global_step == 3 and not isinstance(plain.trainer.strategy, ShardedStrategy)
 
     exported = tmp_path / "exported"
     consolidate.main([str(last), "--pretrained", str(exported)])
+    with pytest.raises(ConfigError, match="^--pretrained .*exported holds an export written outside any run folder"):
+        consolidate.main([str(last), "--pretrained", str(exported)])
     task = HFCausalLM.load_from_checkpoint(whole, weights_only=True).eval()
     with torch.no_grad():
         trained = task.model(input_ids=ids).logits

@@ -8,7 +8,9 @@ export holds DDP's tensors (its tied head written once); a sharded checkpoint wr
 for bit, sharded on 1 rank (DCP reshards) and, consolidated to one file, on one process within 1e-5; the decoder built
 on the meta device is the same on 2 ranks as on 1 and has its own init; a preempted sharded job (SIGUSR1 on one rank
 mid-step) requeues and continues bit for bit (weights, optimizer, lr schedule, every rank's RNG, batches, losses),
-as the DDP path does; the memory lines are said, and FSDP2's estimate is about half DDP's.
+as the DDP path does; the memory lines are said, and FSDP2's estimate is about half DDP's; validation, test and
+prediction on splits whose two shares make different numbers of batches finish under FSDP2 (and DDP), with the
+metrics and predictions of one process on the same weights.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from sharding_harness import STEPS, fit, save_initial_states, weights
+from sharding_harness import STEPS, TEST_SIZE, fit, save_initial_states, uneven, weights
 from test_preemption import free_port, hpc_files, requeues, slurm_env
 from test_resume import assert_identical
+from training_helpers import cpu_trainer
 
-from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard
+from polyattn_lightning.callbacks import ExactResume, NonFiniteLossGuard, PredictionWriter
 from polyattn_lightning.checkpoint import atomic_save
 from polyattn_lightning.sharding import read_consolidated
 
@@ -209,3 +212,38 @@ def test_attention_maps_of_a_sharded_checkpoint_folder(launch, tmp_path):
                          "--out", str(tmp_path / "maps"), "--img-size", "8"])
     assert sorted(path.name for path in written) == ["heatmaps.png", "overlay.png"]
     assert all(path.stat().st_size > 1000 for path in written)
+
+
+def one_process_evaluation(kind: str, state: dict[str, torch.Tensor], folder: Path) -> dict:
+    """``validate``, ``test`` and ``predict`` of the ``kind`` task with weights ``state`` on one process."""
+    model, data = uneven(kind)
+    model.load_state_dict(state)
+    trainer = cpu_trainer(default_root_dir=folder, callbacks=[PredictionWriter()])
+    validated, tested = trainer.validate(model, data)[0], trainer.test(model, data)[0]
+    trainer.predict(model, data, return_predictions=False)
+    return {"val": validated, "test": tested, "predictions": merged_predictions(folder / "predictions")}
+
+
+def merged_predictions(folder: Path) -> tuple[list[int], torch.Tensor]:
+    """Every rank's prediction file merged: the data set indices in the order found, the rows in data set order."""
+    files = [torch.load(path, weights_only=True) for path in sorted(folder.glob("rank*.pt"))]
+    indices = torch.cat([f["indices"] for f in files])
+    rows = torch.cat([f["predictions"] for f in files])
+    return indices.tolist(), rows[indices.argsort()]
+
+
+@pytest.mark.parametrize("kind, layout", [("vit", "ddp"), ("vit", "fsdp"), ("decoder", "fsdp")])
+def test_uneven_evaluation_splits_finish_and_score_each_sample_once(launch, tmp_path, kind, layout):
+    """Before the padding batch, FSDP2's rank with one batch more waited forever in its forward's all-gather."""
+    _, out = launch
+    run = load(out, f"uneven_{kind}_{layout}.pt")
+    assert run["val_batches"] == ([2, 2] if layout == "fsdp" else [2, 1])  # the shares: 5 and 4 samples, batches of 4
+    reference = one_process_evaluation(kind, run["weights"], tmp_path)
+    for stage in ("val", "test"):
+        assert run[stage].keys() == reference[stage].keys() and f"{stage}/loss" in run[stage]
+        for name, value in reference[stage].items():
+            assert run[stage][name] == pytest.approx(value, rel=1e-6, abs=1e-7), name
+    assert run["fit_val"] == pytest.approx(reference["val"], rel=1e-6, abs=1e-7)  # the last validation of fit
+    indices, rows = merged_predictions(out / f"uneven_{kind}_{layout}" / "predictions")
+    assert sorted(indices) == list(range(TEST_SIZE))  # each sample once: the padding batch's prediction left out
+    torch.testing.assert_close(rows, reference["predictions"][1], rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ from polyattn_lightning.attention import attention, attention_modules
 from polyattn_lightning.attention.switch.hf import load_pretrained
 from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.errors import ConfigError
-from polyattn_lightning.tasks import base
+from polyattn_lightning.tasks.steps import convert as convert_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -46,8 +46,8 @@ def conversions(monkeypatch):
         calls.append(args[3])
         return real(*args, **kwargs)
 
-    real = base.convert
-    monkeypatch.setattr(base, "convert", counted)
+    real = convert_step.convert
+    monkeypatch.setattr(convert_step, "convert", counted)
     return calls
 
 
@@ -71,12 +71,12 @@ def test_classification_converts_once_trains_lora_and_resumes_without_converting
     assert names and all("lora_" in n or n.startswith("head.") for n in names)
     ckpt = log_dir / "checkpoints" / "last.ckpt"
     saved = load_checkpoint(ckpt)
-    assert saved[base.CONVERSION_KEY] == report
+    assert saved[convert_step.CONVERSION_KEY] == report
     assert any("lora_A" in key for key in saved["state_dict"])
     resumed = fit(*args, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt))
     assert conversions == ["transfer"] and resumed.trainer.global_step == 4
     assert resumed.model.conversion == report  # carried on from the checkpoint
-    assert base.CONVERSION_KEY in load_checkpoint(ckpt)
+    assert convert_step.CONVERSION_KEY in load_checkpoint(ckpt)
 
 
 def test_causal_lm_converts_trains_lora_and_exports_a_merged_model(tmp_path, monkeypatch, conversions):
@@ -122,7 +122,7 @@ def test_a_lora_run_killed_mid_way_resumes_exactly_without_converting_again(tmp_
     assert train_lora(tmp_path / "killed", data, kill_at=3) is None  # the last checkpoint: step 2
     resumed_task, resumed = train_lora(tmp_path / "killed", data, ckpt_path=tmp_path / "killed" / "last.ckpt")
     assert conversions == ["transfer", "transfer"]  # the reference and the killed run; not the resumed one
-    assert resumed_task.conversion == load_checkpoint(tmp_path / "killed" / "last.ckpt")[base.CONVERSION_KEY]
+    assert resumed_task.conversion == load_checkpoint(tmp_path / "killed" / "last.ckpt")[convert_step.CONVERSION_KEY]
     assert resumed_task.conversion["error_after"] == task.conversion["error_after"]  # the same, deterministic
     assert any("lora_B" in name for name in reference["weights"])
     for name, weight in reference["weights"].items():

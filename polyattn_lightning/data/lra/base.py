@@ -145,24 +145,6 @@ class PadCollate:
         return {"input_ids": input_ids, "mask": mask, "label": label}
 
 
-def split_labels(dataset: Dataset | None) -> np.ndarray | None:
-    """The labels of a :class:`TokenDataset` or of a ``Subset`` of one (a seeded split), without reading any
-    sequence; None for another data set."""
-    if isinstance(dataset, Subset):
-        labels = split_labels(dataset.dataset)
-        return None if labels is None else labels[np.asarray(dataset.indices, dtype=np.int64)]
-    return getattr(dataset, "labels", None) if isinstance(dataset, TokenDataset) else None
-
-
-def majority_rate(dataset: Dataset | None) -> tuple[int, float] | None:
-    """The most frequent label of a split and its share: the top-1 of always answering it (chance level)."""
-    labels = split_labels(dataset)
-    if labels is None or len(labels) == 0:
-        return None
-    counts = np.bincount(labels)
-    return int(counts.argmax()), float(counts.max() / len(labels))
-
-
 def seeded_split(dataset: Dataset, sizes: Sequence[int], seed: int, names: Sequence[str] | None = None) -> list[Subset]:
     """Disjoint subsets of the given sizes from one seeded permutation: the same split on every run and rank.
 
@@ -208,6 +190,7 @@ class LRADataModule(DataModule):
     vocab_size: int
     two_tower: bool = False
     layout: str
+    sample_noun = "sequences"
 
     def __init__(
         self,

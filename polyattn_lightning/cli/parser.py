@@ -1,0 +1,167 @@
+"""The CLI's parser: options matched in full, errors in a few lines with the error first, help that keeps its
+lines, and deprecated option names read as their new ones.
+
+jsonargparse's own errors run to 40 lines of usage and Union-subtype dumps, and argparse takes ``--trainer.max_epoch``
+for ``max_epochs``; here an unknown option is one line naming the closest one, also where jsonargparse builds a
+parser for a class's arguments (``--model.init_args.*``): it builds those from :class:`ShortErrorParser` too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from jsonargparse import ArgumentError, DefaultHelpFormatter
+from lightning.pytorch.cli import LightningArgumentParser
+
+from ..errors import DEBUG_ENV, EXIT_USER_ERROR, UNRECOGNIZED, closest_option, unknown_options_message
+from .config import resolve_task_defaults
+
+#: Where ``--data.root`` meets a data set that reads no folder (the quickstart's bundled digits): the README's line.
+OWN_IMAGES_HINT = (
+    "this data set reads no folder (the quickstart's are bundled digits); to train on your own "
+    "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
+    "(README, 'Your own images')"
+)
+#: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
+NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
+GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
+
+
+class KeepLinesHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with the description and epilog (the list of verbs) kept line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+def short_parse_message(message: str) -> str:
+    """jsonargparse's message without its ``Does not validate against any of the Union subtypes`` dumps (nested
+    ones too): the errors of the subtypes that were meant (not ``Expected a <class 'NoneType'>``), with the value."""
+    if "Does not validate against any of the Union subtypes" not in message:
+        return message
+    dropped = (
+        "Does not validate against any of the Union subtypes",
+        "Subtypes: [",
+        "Errors:",
+        "Given value type:",
+        "Expected a <class 'NoneType'>",
+        "Given value: NestedArg(",
+    )
+    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(dropped)]
+    given = [line for line in lines if line.startswith("Given value: ")]
+    lines = [line for line in lines if not line.startswith("Given value: ")]
+    if given and lines:
+        lines[-1] += f". Got value: {given[0].removeprefix('Given value: ')}"
+    return lines[0] + "".join(f"\n  {line}" for line in lines[1:])
+
+
+class ShortErrorParser(LightningArgumentParser):
+    """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
+    config (``--print_config``) shows the best checkpoint's monitor as the task gives it.
+
+    Options are matched in full (``--trainer.max_epoch`` is an error, not ``max_epochs``), here and in the parsers
+    jsonargparse builds for a class's arguments (``--model.init_args.*``): it builds those from this class; an
+    unknown option is one line naming the closest one (:meth:`unknown_option_message`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def dump(self, cfg, *args, **kwargs):
+        if "checkpoint" in cfg and "model" in cfg:
+            cfg = cfg.clone()
+            resolve_task_defaults(cfg)
+        return super().dump(cfg, *args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:  # a class's parser: the outer parser reports it, with the option found here
+            try:
+                super().error(message, ex)
+            except ArgumentError as error:
+                error.unknown_option = self.unknown_option(message)
+                raise
+        if os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
+            return super().error(message, ex)
+        prog = self.prog.replace(" [options]", "")
+        hint = f"\n{OWN_IMAGES_HINT}" if 'key "data"' in message and "Option 'root' is not accepted" in message else ""
+        text = (
+            self.unknown_option_message(message, ex)
+            or self.unknown_group_key_message(message)
+            or unknown_options_message(short_parse_message(message), self.option_names())
+        )
+        sys.stderr.write(
+            f"error: {text}{hint}\n"
+            f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
+            "e.g. ClassificationModule)\n"
+        )
+        raise SystemExit(EXIT_USER_ERROR)
+
+    def option_names(self) -> list[str]:
+        """Every option string of this parser and of its subcommands' (``--trainer.max_epochs``...)."""
+        names = [option for action in self._actions for option in action.option_strings]
+        subcommands = self._subcommands_action._name_parser_map if self._subcommands_action else {}
+        for parser in subcommands.values():
+            names += parser.option_names()
+        return list(dict.fromkeys(names))
+
+    def unknown_group_key_message(self, message: str) -> str | None:
+        """``trainer.max_epoch is not an option (did you mean trainer.max_epochs?)`` for a config file's key that
+        its group does not have, else None."""
+        match = GROUP_UNKNOWN.search(message)
+        if match is None:
+            return None
+        key = f"{match['group']}.{match['key']}" if match["group"] else match["key"]
+        closest = closest_option(f"--{key}", self.option_names())
+        return f"{key} is not an option" + (f" (did you mean {closest[2:]}?)" if closest else "")
+
+    def unknown_option(self, message: str) -> tuple[str, str | None] | None:
+        """The option a class's parser does not have (``convert.step``), with its closest one (``convert.steps``),
+        or None when ``message`` is about something else."""
+        match = NESTED_UNKNOWN.search(message)
+        if match is None:
+            return None
+        given = (match["argument"] or f"--{match['key']}").split("=", 1)[0]
+        closest = closest_option(given, [option for option in self.option_names() if option.startswith("--")])
+        return given[2:], closest[2:] if closest else None
+
+    @staticmethod
+    def unknown_option_message(message: str, ex: Exception | None) -> str | None:
+        """``model.init_args.convert.step is not an option of ClassificationModule (did you mean ...steps?)`` for an
+        option a class's parser did not have (found in the chain of ``ex``), else None."""
+        found = None
+        while ex is not None and found is None:
+            found, ex = getattr(ex, "unknown_option", None), ex.__cause__ or ex.__context__
+        key = re.match(r'Parser key "([^"]+)"', message)
+        owner = re.search(r"Problem with given class_path '([^']+)'", message)
+        if found is None or key is None or owner is None:
+            return None
+        prefix, (given, closest) = f"{key[1]}.init_args.", found
+        return f"{prefix}{given} is not an option of {owner[1].rpartition('.')[2]}" + (
+            f" (did you mean {prefix}{closest}?)" if closest else ""
+        )
+
+
+def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str], list[str]]:
+    """``args`` with each ``--model[.init_args].<old>...`` option of ``renamed`` (old path -> new path) spelled
+    with its new path, and one deprecation line for each."""
+    if not renamed:
+        return args, []
+    pattern = re.compile(
+        r"--model\.(init_args\.)?(" + "|".join(re.escape(old) for old in renamed) + r")(?=[.=]|$)(.*)", re.DOTALL
+    )
+    rewritten, messages = [], []
+    for arg in args:
+        match = pattern.fullmatch(arg)
+        if match is None:
+            rewritten.append(arg)
+            continue
+        prefix, old, rest = match.groups()
+        new = f"--model.{prefix or ''}{renamed[old]}{rest}"
+        rewritten.append(new)
+        given, used = arg.split("=", 1)[0], new.split("=", 1)[0]
+        messages.append(f"{given} is deprecated: it is {used} now (given as that)")
+    return rewritten, messages
