@@ -97,7 +97,10 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         (f"{_KERNELS}.power", name): (f"{_KERNELS}.power.parallel", name)
         for name in ("PowerAttentionCPU", "CausalPowerAttentionCPU", "CHUNK_ELEMENTS")
     },
-    (f"{_SWITCH}.hf.interface", "Probe"): (f"{_SWITCH}.hf.switching", "Probe"),
+    **{
+        (module, "Probe"): (f"{_SWITCH}.hf.switching", "Probe")
+        for module in (f"{_SWITCH}.hf", f"{_SWITCH}.hf.interface")
+    },
     (f"{_SWITCH}.hf.interface", "DECODE_ROWS"): (f"{_KERNELS}.base.contract", "STEP_ROWS"),
     (f"{_SWITCH}.hf", "SAVED_IMPLEMENTATION_KEY"): (f"{_SWITCH}.hf.saved", "SAVED_IMPLEMENTATION_KEY"),
     (f"{_SWITCH}.hf", "PROBE_ACTIVATION"): (f"{_SWITCH}.hf.switching", "PROBE_ACTIVATION"),
@@ -173,6 +176,9 @@ REMOVED_ATTRIBUTES: dict[tuple[str, str], str] = {
     (f"{_KERNELS}.power", "fold"): (
         "polyattn_lightning.attention.recurrent_state(k, v, activation, key_padding_mask=...), which returns the "
         "state (a RecurrentState: kv and count together)"
+    ),
+    (f"{_KERNELS}.power", "row_scales"): (
+        "polyattn_lightning.attention.kernels.base.layout.per_row(act.row_scale(n), batch, heads, rows, dtype)"
     ),
     (f"{_KERNELS}.power", "step"): (
         "polyattn_lightning.attention.attention(q, k, v, activation, state=state, is_causal=True), which picks the "

@@ -6,7 +6,7 @@ C++ build). A backend says what it takes in every kind of call: a parallel call,
 recurrent state (``base/contract.py``).
 """
 
-from .base import Backend, KernelInputs, KernelNotSupported
+from .base.contract import Backend, KernelInputs, KernelNotSupported
 from .dispatch import BACKENDS, KERNELS, PRIORITY, KernelChoice, pick, run
 
 __all__ = [

@@ -24,7 +24,8 @@ that autograd differentiates.
 
 A step from a recurrent state (``attention(..., state=...)``, generation with ``RecurrentCache``): the ``d x dv``
 state ``sum_j k_j^T v_j`` is ``power``'s state with ``m(x) = x``, and poly1's step is ``power/recurrent.py``'s
-(its C++ kernels take p = 1..4), tested with the others against ``power/naive.py``.
+(its C++ kernels take p = 1..4), as fla's ``linear_attn`` runs ``simple_gla``'s recurrence; tested with the others
+against ``power/naive.py``.
 """
 
 from __future__ import annotations
@@ -36,21 +37,10 @@ from torch.autograd.function import once_differentiable
 import torch.nn.functional as F
 
 from ..dtypes import autocast_off, compute_dtype
-from ..registry import Activation
-from .base.contract import (
-    KV_STEP,
-    PARALLEL,
-    STATE_STEP,
-    Backend,
-    KernelInputs,
-    StateStep,
-    elementwise_reasons,
-    key_padding_reasons,
-    state_reasons,
-)
+from .base.contract import Backend, KernelInputs, elementwise_reasons, key_padding_reasons, state_reasons
 from .base.cpp import load
 from .base.layout import flatten_heads, key_keep, per_row
-from .power import recurrent
+from .power.recurrent import RecurrentForm
 
 #: Queries per chunk of the causal form: the ``C x C`` block within a chunk costs O(N C d),
 #: the prefix sums across chunks O(N d dv / C) memory.
@@ -208,13 +198,12 @@ def _causal_cpp(q, k, v, row_scale, allowed, causal) -> Tensor:
     return CausalAssociativeCPU.apply(q, k, v, keep, s, causal, CAUSAL_CHUNK)
 
 
-class Associative(Backend):
+class Associative(RecurrentForm, Backend):
     name = "associative"
     supports = (
         "poly1 only, with key padding and causal, and a step from a recurrent state; no pairwise mask, score bias or "
         "dropout (they do not factor)"
     )
-    forms = frozenset({PARALLEL, STATE_STEP})
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         reasons = elementwise_reasons(inputs)
@@ -224,22 +213,9 @@ class Associative(Backend):
             reasons += state_reasons(inputs)
         return reasons + key_padding_reasons(inputs, "associative")
 
-    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
-        if inputs.kind == KV_STEP:
-            return [
-                "a KV-cache step: k^T v of every cached key would be built again at each step (O(N d dv)); "
-                "RecurrentCache keeps it and steps from it"
-            ]
-        return []
-
     def forward(self, inputs: KernelInputs) -> Tensor:
         i = inputs
         return associative(i.q, i.k, i.v, i.act, i.t, i.allowed, i.n, i.causal)
-
-    def state_step(self, act: Activation) -> StateStep:
-        """poly1's recurrent form is ``power``'s recurrence with ``m(x) = x`` (its C++ kernels take p = 1..4), as
-        fla's ``linear_attn`` runs ``simple_gla``'s."""
-        return lambda q, k, v, keep, state, t: recurrent.step(q, k, v, keep, state, act, t)
 
 
 BACKEND = Associative()

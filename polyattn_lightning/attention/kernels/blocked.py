@@ -39,7 +39,8 @@ from torch.autograd.function import once_differentiable
 from ..dtypes import autocast_off, compute_dtype
 from ..forms import FusedForm
 from ..registry import Activation
-from .base import KV_STEP, Backend, KernelInputs, elementwise_reasons, quadratic_cost, stateless_reasons
+from .base.contract import KV_STEP, Backend, KernelInputs, elementwise_reasons, stateless_reasons
+from .base.costs import quadratic_cost
 from .base.layout import as_4d, flatten_heads
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles

@@ -58,7 +58,7 @@ from torch import Tensor
 
 from ..registry import Activation, ActivationSpec, get_activation
 from . import associative, blocked, fused_cpu, materialized, power, sdpa, triton
-from .base import (
+from .base.contract import (
     KV_STEP,
     PARALLEL,
     STATE_STEP,

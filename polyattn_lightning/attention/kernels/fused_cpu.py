@@ -53,16 +53,8 @@ from torch.autograd.function import once_differentiable
 from ... import deprecated
 from ..dtypes import autocast_off, compute_dtype
 from ..registry import Activation
-from .base import (
-    KV_STEP,
-    PARALLEL,
-    Backend,
-    KernelInputs,
-    KVStep,
-    elementwise_reasons,
-    quadratic_cost,
-    stateless_reasons,
-)
+from .base.contract import KV_STEP, PARALLEL, Backend, KernelInputs, KVStep, elementwise_reasons, stateless_reasons
+from .base.costs import quadratic_cost
 from .base.cpp import load
 from .base.layout import as_4d, flatten_heads
 from .blocked import grad_gain

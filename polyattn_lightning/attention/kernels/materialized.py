@@ -15,7 +15,7 @@ from torch import Tensor
 from ..dtypes import autocast_off, compute_dtype
 from ..masks import causal_mask, with_causal
 from ..registry import Activation
-from .base import KV_STEP, PARALLEL, Backend, KernelInputs, KVStep, elementwise_reasons, stateless_reasons
+from .base.contract import KV_STEP, PARALLEL, Backend, KernelInputs, KVStep, elementwise_reasons, stateless_reasons
 
 
 def materialized(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tensor:

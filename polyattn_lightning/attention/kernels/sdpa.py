@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import Masks, causal_mask
-from .base import Backend, KernelInputs, stateless_reasons
+from .base.contract import Backend, KernelInputs, stateless_reasons
 
 
 def sdpa(q, k, v, masks: Masks, attn_bias, t, dropout_p) -> Tensor:

@@ -218,7 +218,7 @@ def test_kernel_choice_explains_a_kv_cache_step(monkeypatch):
     assert "state of every cached key would be built again" in choice.passed_over["power"][0]
     assert "one call of a step form" in choice.passed_over["blocked"][0]
     assert choice.passed_over["materialized"] == ["'fused_cpu' is preferred"]
-    assert "k^T v of every cached key" in kernel_choice(q, cache_k, cache_v, "poly1").passed_over["associative"][0]
+    assert "state of every cached key" in kernel_choice(q, cache_k, cache_v, "poly1").passed_over["associative"][0]
     assert kernel_choice(q, cache_k, cache_v, CUSTOM).kernel == "materialized"  # the C++ step knows no custom form
     monkeypatch.setattr(fused_cpu, "load", lambda: False)
     assert kernel_choice(q, cache_k, cache_v, "poly3").kernel == "materialized"

@@ -1,23 +1,12 @@
 """What every backend builds on: the contract (``contract.py``: what a backend receives and declares, the kinds of
 call), the cost model ``pick`` compares (``costs.py``), the operands' layout (``layout.py``), the recurrent state of
-the linear forms (``state.py``) and the build of the C++ kernels (``cpp.py``, sources in ``kernels/csrc/``)."""
+the linear forms (``state.py``) and the build of the C++ kernels (``cpp.py``, sources in ``kernels/csrc/``).
 
-from .contract import (
-    KV_STEP,
-    PARALLEL,
-    STATE_STEP,
-    STEP_ROWS,
-    Backend,
-    KernelInputs,
-    KernelNotSupported,
-    KVStep,
-    StateStep,
-    elementwise_reasons,
-    gradient_flows,
-    key_padding_reasons,
-    state_reasons,
-    stateless_reasons,
-)
+This face hands on the names of the module ``kernels/base.py`` this package replaced; the backends import from the
+modules themselves.
+"""
+
+from .contract import Backend, KernelInputs, KernelNotSupported, elementwise_reasons, key_padding_reasons
 from .costs import (
     CROSSOVER_TABLE,
     causal_pairs,
@@ -25,7 +14,6 @@ from .costs import (
     cpu_model,
     crossover_length,
     crossover_table,
-    decode_crossover,
     device_entry,
     device_key,
     flop_crossover,
@@ -39,31 +27,21 @@ from .costs import (
 __all__ = [
     "Backend",
     "CROSSOVER_TABLE",
-    "KVStep",
-    "KV_STEP",
     "KernelInputs",
     "KernelNotSupported",
-    "PARALLEL",
-    "STATE_STEP",
-    "STEP_ROWS",
-    "StateStep",
     "causal_pairs",
     "cost_mode",
     "cpu_model",
     "crossover_length",
     "crossover_table",
-    "decode_crossover",
     "device_entry",
     "device_key",
     "elementwise_reasons",
     "flop_crossover",
-    "gradient_flows",
     "key_padding_reasons",
     "linear_cost",
     "measured_crossover",
     "quadratic_cost",
     "quadratic_seconds",
     "reload_crossover_table",
-    "state_reasons",
-    "stateless_reasons",
 ]

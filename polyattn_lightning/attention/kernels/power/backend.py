@@ -5,23 +5,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ...registry import Activation
-from ..base.contract import (
-    KV_STEP,
-    PARALLEL,
-    STATE_STEP,
-    Backend,
-    KernelInputs,
-    StateStep,
-    elementwise_reasons,
-    key_padding_reasons,
-    state_reasons,
-)
+from ..base.contract import Backend, KernelInputs, elementwise_reasons, key_padding_reasons, state_reasons
 from ..base.costs import crossover_length, linear_cost
 from ..base.cpp import load
 from ..base.state import monomial_count, power_of
-from . import recurrent
 from .parallel import power_attention
+from .recurrent import RecurrentForm
 
 #: The powers this form takes (p = 1 is ``associative``'s ``q (k^T v)``).
 POWERS = (2, 3, 4)
@@ -29,7 +18,7 @@ POWERS = (2, 3, 4)
 CUDA_MAX_HEAD_DIM = 128
 
 
-class Power(Backend):
+class Power(RecurrentForm, Backend):
     name = "power"
     supports = (
         "poly2-poly4, exact in linear time (memory O(N d + D dv)), key padding, causal, grouped-query heads, a step "
@@ -37,7 +26,6 @@ class Power(Backend):
         "factor)"
     )
     grouped_heads = True
-    forms = frozenset({PARALLEL, STATE_STEP})
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         reasons = elementwise_reasons(inputs)
@@ -64,14 +52,6 @@ class Power(Backend):
                 reasons.append(f"head dim > {CUDA_MAX_HEAD_DIM} on CUDA (the Triton form's tiles are sized up to it)")
         return reasons + key_padding_reasons(inputs, "power")
 
-    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
-        if inputs.kind == KV_STEP:
-            return [
-                "a KV-cache step: the state of every cached key would be built again at each step (O(N D dv)); "
-                "RecurrentCache keeps it and steps from it"
-            ]
-        return []
-
     def cost(self, inputs: KernelInputs) -> float | None:
         d, dv, p = inputs.q.shape[-1], inputs.v.shape[-1], power_of(inputs.act)
         return linear_cost(inputs, monomial_count(d, p) * dv, crossover_length(inputs, d, p))
@@ -79,9 +59,6 @@ class Power(Backend):
     def forward(self, inputs: KernelInputs) -> Tensor:
         i = inputs
         return power_attention(i.q, i.k, i.v, i.act, i.t, i.allowed, i.n, i.causal)
-
-    def state_step(self, act: Activation) -> StateStep:
-        return lambda q, k, v, keep, state, t: recurrent.step(q, k, v, keep, state, act, t)
 
 
 BACKEND = Power()

@@ -11,7 +11,8 @@ On CPU the C++ kernels of ``csrc/power_cpu.cpp``: one token is one pass over the
 chunked causal kernel started from the state (``power_causal_forward``, the parallel form's sweep). Elsewhere (CUDA,
 or no C++ build) :func:`chunked_step`, the same chunked sweep in PyTorch. ``associative`` runs this form for poly1
 (``m(x) = x``: the C++ kernels take p = 1..4), as fla's ``linear_attn`` runs ``simple_gla``'s recurrence.
-``naive.py`` is the plain reference both are tested against.
+``naive.py`` is the plain reference both are tested against. :class:`RecurrentForm` is what the two backends with this
+form (``associative``, ``power``) declare about it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from ...dtypes import autocast_off
 from ...registry import Activation
+from ..base.contract import KV_STEP, PARALLEL, STATE_STEP, KernelInputs, StateStep
 from ..base.cpp import load
 from ..base.layout import flatten_heads, key_keep, per_row
 from ..base.state import RecurrentState, features
@@ -132,4 +134,23 @@ def chunked_step(q, k, v, keep, state: RecurrentState, act: Activation, t: float
         return (out * act.row_scale(n)[:, None, :, None]).to(out_dtype)
 
 
-__all__ = ["LENGTH_SCALE_CODES", "chunked_step", "fold", "step"]
+class RecurrentForm:
+    """The recurrent form as a backend declares it (``associative`` for poly1, ``power`` for poly2-poly4, with
+    :class:`~..base.contract.Backend`): a step from a state runs :func:`step`, and ``auto`` leaves a KV-cache step to
+    the quadratic kernels' one-call forms."""
+
+    forms = frozenset({PARALLEL, STATE_STEP})
+
+    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
+        if inputs.kind == KV_STEP:
+            return [
+                "a KV-cache step: the state of every cached key would be built again at each step (O(N D dv)); "
+                "RecurrentCache keeps it and steps from it"
+            ]
+        return []
+
+    def state_step(self, act: Activation) -> StateStep:
+        return lambda q, k, v, keep, state, t: step(q, k, v, keep, state, act, t)
+
+
+__all__ = ["LENGTH_SCALE_CODES", "RecurrentForm", "chunked_step", "fold", "step"]

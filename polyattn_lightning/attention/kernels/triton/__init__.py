@@ -73,5 +73,6 @@ on which GPU is in BENCHMARKS.md.
 """
 
 from .backend import BACKEND, DTYPES, MAX_HEAD_DIM, Triton, triton_available
+from .launch import fp32_precision, interpreting
 
-__all__ = ["BACKEND", "DTYPES", "MAX_HEAD_DIM", "Triton", "triton_available"]
+__all__ = ["BACKEND", "DTYPES", "MAX_HEAD_DIM", "Triton", "fp32_precision", "interpreting", "triton_available"]

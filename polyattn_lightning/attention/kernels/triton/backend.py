@@ -8,7 +8,8 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from ..base import KV_STEP, Backend, KernelInputs, elementwise_reasons, quadratic_cost, stateless_reasons
+from ..base.contract import KV_STEP, Backend, KernelInputs, elementwise_reasons, stateless_reasons
+from ..base.costs import quadratic_cost
 from .launch import fp32_precision, interpreting
 
 #: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.

@@ -212,7 +212,7 @@ def test_decode_step_is_the_general_path_on_its_inputs(causal):
     """The short path (the C++ op and the materialized PyTorch step) and ``attention()`` agree for up to
     DECODE_ROWS rows, causal or not, grouped heads, other activations."""
     from polyattn_lightning.attention.functional import attention
-    from polyattn_lightning.attention.kernels.base import STEP_ROWS as DECODE_ROWS
+    from polyattn_lightning.attention.kernels.base.contract import STEP_ROWS as DECODE_ROWS
     from polyattn_lightning.attention.kernels.materialized import materialized_step
     from polyattn_lightning.attention.switch.hf.interface import decode_step
     from polyattn_lightning.attention.registry import get_activation

@@ -28,6 +28,6 @@ that calls the ``AttentionInterface`` itself in the installed release (``FalconA
 interface. An adapter lists in ``relies_on`` the library code beyond its class's methods that it depends on.
 """
 
-from ._common import FAMILY_MODULES, HFSwitched, adapter_for
+from ._common import FAMILY_MODULES, HF_ADAPTERS, HFSwitched, adapter_for
 
-__all__ = ["FAMILY_MODULES", "HFSwitched", "adapter_for"]
+__all__ = ["FAMILY_MODULES", "HFSwitched", "HF_ADAPTERS", "adapter_for"]
