@@ -181,9 +181,15 @@ def recurrent_state(
         raise ValueError(f"activation {act.name!r} has no recurrent state (poly1-poly4 have one)")
     if k.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"k, v must be (B, Hkv, N, d) and (B, Hkv, N, dv); got {tuple(k.shape)}, {tuple(v.shape)}")
+    padding = key_padding_mask
+    if padding is not None and (padding.dtype != torch.bool or tuple(padding.shape) != (k.shape[0], k.shape[2])):
+        raise ValueError(
+            f"key_padding_mask must be bool (B, N) = {(k.shape[0], k.shape[2])}, True = padding; got {padding.dtype} "
+            f"{tuple(padding.shape)}"
+        )
     state = RecurrentState.empty(k.shape[0], k.shape[1], k.shape[-1], v.shape[-1], p, k)
     with torch.no_grad():
-        fold(state, k, v, None if key_padding_mask is None else ~key_padding_mask)
+        fold(state, k, v, None if padding is None else ~padding)
     return state
 
 

@@ -168,6 +168,10 @@ def test_a_step_from_a_state_refuses_what_it_cannot_fold():
         attention(q.detach(), k, v, "poly2", is_causal=True, state=state.kv)
     with pytest.raises(ValueError, match="activation 'relu' has no recurrent state"):
         recurrent_state(k, v, "relu")
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(B, N\) = \(2, 3\), True = padding; got"):
+        recurrent_state(k, v, "poly2", key_padding_mask=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(B, N\) = \(2, 3\)"):
+        recurrent_state(k, v, "poly2", key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
     assert torch.equal(state.count, torch.full((2, 2), 3.0, dtype=torch.float64))  # no refused step folded a key
 
 

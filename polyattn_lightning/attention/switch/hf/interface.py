@@ -23,7 +23,8 @@ attention sinks: one more key with value 0) and ``softcap`` (Gemma 2: ``c * tanh
 keyword arguments are ignored, as HF's own SDPA function ignores them.
 
 Like transformers' own attention functions (``integrations/sdpa_attention.py``), :func:`polyattn_attention` checks
-its preconditions and makes one call, ``attention()``; the kernel is ``attention()``'s choice. A cached-generation
+its preconditions and makes one call, ``attention()`` (Gemma 2's ``softcap`` aside: ``extras.softcapped_attention``
+materialises the capped scores, as HF's eager path does); the kernel is ``attention()``'s choice. A cached-generation
 step or a short prompt's prefill (a few query rows, no mask, no gradient) is a KV-cache step there, which the kernels
 keep resolved (on CPU one C++ call, cheaper than HF's own ``sdpa`` call), so the one-row step costs the checks below
 and that call. Keys returned by a :class:`~.cache.RecurrentCache` layer go to that layer, which keeps them or folds
