@@ -98,6 +98,19 @@ def _verify_zip_records(path: Path) -> bool:
     return True
 
 
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` is a whole checkpoint: a zip checkpoint whose records all pass their CRC check (a
+    file cut short fails it), or a file of another format that is not empty (``torch.load`` tells the rest)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            return False
+        _verify_zip_records(path)  # raises for a zip cut short or corrupt
+    except (CheckpointLoadError, OSError):
+        return False
+    return True
+
+
 def atomic_save(obj: Any, path: str | os.PathLike, on_written: Callable[[Path], None] | None = None) -> None:
     """``torch.save`` to ``path`` so that ``path`` always holds either its old or its new complete content.
 

@@ -23,10 +23,11 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable)
+C = TypeVar("C", bound=type)
 
 #: Set to 1 to see the full traceback of user-input errors.
 DEBUG_ENV = "POLYATTN_DEBUG"
@@ -159,14 +160,20 @@ class ArgumentParser(argparse.ArgumentParser):
         return list(dict.fromkeys(names))
 
 
-def check_options(function: Callable, given: Mapping[str, Any], owner: str | None = None) -> None:
-    """Refuse, before ``function`` runs, a keyword of ``given`` that it does not take: an
-    :class:`UnknownOptionError` naming it, the closest option and every option ``function`` takes (``owner``: the
-    name the message uses, by default the function's). A function with ``**kwargs`` takes any keyword."""
-    parameters = inspect.signature(function).parameters.values()
-    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-        return
-    valid = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+def check_options(options: Callable | Iterable[str], given: Iterable[str], owner: str | None = None) -> None:
+    """Refuse, before anything runs, a keyword of ``given`` that is not an option: an :class:`UnknownOptionError`
+    naming it, the closest option and every option. ``options`` are the names, or a function (a class's
+    ``__init__``) whose keyword parameters they are (one with ``**kwargs`` takes any keyword); ``owner`` is the name
+    the message uses, by default the function's."""
+    if callable(options):
+        parameters = inspect.signature(options).parameters.values()
+        if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return
+        owner = owner or options.__qualname__
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        valid = [p.name for p in parameters if p.kind in kinds and p.name != "self"]
+    else:
+        valid = list(options)
     unknown = [name for name in given if name not in valid]
     if unknown:
         described = [
@@ -174,6 +181,24 @@ def check_options(function: Callable, given: Mapping[str, Any], owner: str | Non
             for name in unknown
         ]
         raise UnknownOptionError(
-            f"{owner or function.__qualname__} has no option{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
+            f"{owner} has no option{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
             f"its options: {', '.join(valid)}"
         )
+
+
+def options_checked(owner: str) -> Callable[[C], C]:
+    """Decorate a dataclass (over ``@dataclass``) built from the user's options, e.g. from a config's mapping: an
+    unknown keyword is :func:`check_options`' one line naming ``owner`` instead of Python's bare ``TypeError``."""
+
+    def decorate(cls: C) -> C:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            check_options(init, kwargs, owner)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate

@@ -27,10 +27,26 @@ from polyattn_lightning.cli.prechecks import yaml_references
 from polyattn_lightning.attention import get_activation
 from polyattn_lightning.attention import attention_modules
 from polyattn_lightning.checkpoint import SafeCheckpointIO
+from polyattn_lightning.grids.spec import cells, parsed, read_grid
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: the classification quickstart, the config most tests run shrunk
 QUICKSTART = CONFIGS / "classification" / "quickstart.yaml"
+#: the grid files (one per paper table, and each one's small variant)
+GRIDS = CONFIGS / "grids"
+
+
+def grid_cells(path: Path) -> tuple[Path, dict[str, Any], list[tuple[str, dict[str, str], dict[str, Any]]]]:
+    """The base config, the fixed settings and the cells ``(name, labels, settings)`` of the grid file ``path``, read
+    and checked by the grid command's own reader."""
+    spec = read_grid(path)
+    return spec.base, spec.args, [(cell.name, cell.labels, cell.settings) for cell in cells(spec)]
+
+
+def parsed_config(*args: str):
+    """The config ``fit`` would run with ``args``: parsed and pre-checked as the grid command checks a cell, nothing
+    built."""
+    return parsed(list(args), "the test's command line")
 
 
 def run_commands(cwd: Path, *argvs: list[str], timeout: int = 900) -> list[dict]:

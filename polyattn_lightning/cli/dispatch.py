@@ -20,7 +20,7 @@ from .parser import KeepLinesHelpFormatter, ShortErrorParser
 from .polyattn_cli import PolyattnCLI
 from .runs import KeepingSaveConfigCallback
 
-#: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep|check-data ...``, one module
+#: Verbs beside LightningCLI's fit/validate/test/predict: ``polyattn maps|norms|sweep|grid|check-data ...``, one module
 #: each in ``polyattn_lightning.commands`` (``-`` spelled ``_``) with a ``main(argv)``; listed by ``polyattn --help``.
 COMMANDS = {
     "maps": "phi(S) heat maps and where a checkpoint's model looks, over image files",
@@ -28,6 +28,7 @@ COMMANDS = {
     "sweep": "validation accuracy against the activation's scale, per sequence length (short fits)",
     "check-data": "decode every image file of a config's data set once and list every bad file",
     "consolidate": "a sharded checkpoint folder as one checkpoint file, or as a save_pretrained folder",
+    "grid": "train every cell of a grid of settings (activations x seeds...), resumable; `grid report DIR`",
 }
 
 

@@ -4,15 +4,23 @@ lines, and deprecated option names read as their new ones.
 jsonargparse's own errors run to 40 lines of usage and Union-subtype dumps, and argparse takes ``--trainer.max_epoch``
 for ``max_epochs``; here an unknown option is one line naming the closest one, also where jsonargparse builds a
 parser for a class's arguments (``--model.init_args.*``): it builds those from :class:`ShortErrorParser` too.
+
+``null`` on the command line is read as in YAML (:func:`nulls_as_config`): jsonargparse 4.53 reads
+``--data.augment.auto_augment null`` (a field of a dataclass inside a class-typed option) as the string ``'None'``,
+and an ``int | None`` field there not at all. ``tests/cli/test_jsonargparse_null.py`` reproduces it with
+jsonargparse alone and fails once jsonargparse reads it right: then :func:`nulls_as_config` can go.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 
-from jsonargparse import ArgumentError, DefaultHelpFormatter
+from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
+from jsonargparse._typehints import ActionTypeHint  # what jsonargparse reads a class-typed option with
 from lightning.pytorch.cli import LightningArgumentParser
 
 from ..errors import DEBUG_ENV, EXIT_USER_ERROR, UNRECOGNIZED, closest_option, unknown_options_message
@@ -24,8 +32,14 @@ OWN_IMAGES_HINT = (
     "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
     "(README, 'Your own images')"
 )
-#: A class parser's words for an option it does not have: given on the command line, or as a key of a config file.
-NESTED_UNKNOWN = re.compile(rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted")
+#: A class parser's words for an option it does not have: given on the command line, as a key of a config file, or
+#: as a key of a group's mapping (``--model.init_args.convert '{hold_out: 0.2}'``).
+NESTED_UNKNOWN = re.compile(
+    rf"{UNRECOGNIZED}(?P<argument>--\S+)|Option '(?P<key>[^']+)' is not accepted"
+    r"|Group '(?P<group>[^']+)' does not accept option '(?P<group_key>[^']+)'"
+)
+#: YAML's spellings of null: a config file's ``key: null`` (or ``~``) is None
+YAML_NULLS = ("null", "Null", "NULL", "~")
 #: jsonargparse's words for a config file's key that a group (``trainer``, ``checkpoint``) or the verb does not have.
 GROUP_UNKNOWN = re.compile(r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<key>[^']+)'")
 
@@ -70,6 +84,11 @@ class ShortErrorParser(LightningArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Sequence[str] | None = None, *rest, **kwargs):
+        """jsonargparse's, with ``null`` read as in YAML (:func:`nulls_as_config`)."""
+        args = sys.argv[1:] if args is None else args
+        return super().parse_args(nulls_as_config(list(args), self), *rest, **kwargs)
 
     def dump(self, cfg, *args, **kwargs):
         if "checkpoint" in cfg and "model" in cfg:
@@ -124,7 +143,8 @@ class ShortErrorParser(LightningArgumentParser):
         match = NESTED_UNKNOWN.search(message)
         if match is None:
             return None
-        given = (match["argument"] or f"--{match['key']}").split("=", 1)[0]
+        key = match["key"] or (match["group_key"] and f"{match['group']}.{match['group_key']}")
+        given = (match["argument"] or f"--{key}").split("=", 1)[0]
         closest = closest_option(given, [option for option in self.option_names() if option.startswith("--")])
         return given[2:], closest[2:] if closest else None
 
@@ -165,3 +185,50 @@ def renamed_options(args: list[str], renamed: dict[str, str]) -> tuple[list[str]
         given, used = arg.split("=", 1)[0], new.split("=", 1)[0]
         messages.append(f"{given} is deprecated: it is {used} now (given as that)")
     return rewritten, messages
+
+
+def nulls_as_config(args: list[str], parser: ArgumentParser) -> list[str]:
+    """``args`` with each ``--<option>.<field path> null`` under a class-typed option (``--model``, ``--data``,
+    ``--trainer.logger``...) given as that option's config, ``--data '{"init_args": {"augment": {"auto_augment":
+    null}}}'``, which jsonargparse reads as it reads YAML: None. It reads the dotted form through a nested parser
+    that is handed ``--auto_augment=None``, the string (jsonargparse 4.53). Other arguments are kept as given, in
+    their order, so later ones still override earlier ones."""
+    subcommands = parser._subcommands_action._name_parser_map if parser._subcommands_action else {}
+    options = subcommands[args[0]] if args and args[0] in subcommands else parser
+    rewritten, index = [], 0
+    while index < len(args):
+        key, equals, value = args[index].partition("=")
+        taken = 1 if equals else 2
+        if not equals:
+            value = args[index + 1] if index + 1 < len(args) else None
+        config = class_option_null(options, key) if value in YAML_NULLS else None
+        if config is None:
+            rewritten.append(args[index])
+            index += 1
+        else:
+            rewritten += config
+            index += taken
+    return rewritten
+
+
+def class_option_null(parser: ArgumentParser, key: str) -> list[str] | None:
+    """``[--<option>, <config>]`` setting ``key``'s field to null when ``key`` (``--data.init_args.augment.re_prob``)
+    is a field under a class-typed option of ``parser``; else None."""
+    if not key.startswith("--"):
+        return None
+    parts = key[2:].split(".")
+    for length in range(len(parts) - 1, 0, -1):
+        option = "--" + ".".join(parts[:length])
+        action = parser._option_string_actions.get(option)
+        if action is not None:
+            break
+    else:
+        return None
+    path = parts[length:]
+    path = path[1:] if path[0] == "init_args" else path
+    if not path or path[0] == "dict_kwargs" or not ActionTypeHint.is_subclass_typehint(action, all_subtypes=False):
+        return None
+    config = None
+    for part in reversed(path):
+        config = {part: config}
+    return [option, json.dumps({"init_args": config})]

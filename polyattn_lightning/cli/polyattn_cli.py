@@ -33,7 +33,7 @@ from .config import as_list, component_class, init_args, resolve_task_defaults
 from .console import default_progress_bar, say_where, say_written, without_version
 from .defaults import add_defaults, batch_limits_read_as_counts, given_short_keys, standard_off
 from .parser import renamed_options
-from .prechecks import check_config, check_yaml_syntax
+from .prechecks import check_config, check_moved_configs, check_yaml_syntax
 from .runs import place_logs, removed_if_unstarted, resume_command, resumed_run_dir
 
 
@@ -56,6 +56,7 @@ class PolyattnCLI(LightningCLI):
         self.given_args = (
             [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
         )
+        check_moved_configs(self.given_args)
         check_yaml_syntax(self.given_args)
         saved = saved_run_config(self.given_args)
         if saved is not None:

@@ -1,8 +1,11 @@
-"""What is checked before any model is built: the ``--config`` files as YAML, ahead of jsonargparse (their syntax,
-the YAML pieces they name, the attention they give), and the parsed values, by the classes' own checks.
+"""What is checked before any model is built: the ``--config`` files as YAML, ahead of jsonargparse (a removed
+experiment config, their syntax, the YAML pieces they name, the attention they give), and the parsed values, by the
+classes' own checks.
 
 jsonargparse parses a file's text and reports a syntax error ``in "<unicode string>"``; a bad name or path found only
-when its model is built costs minutes. Both are found here, in a line that names the file or the key.
+when its model is built costs minutes. Both are found here, in a line that names the file or the key. So is a config
+path of an earlier release: the per-activation experiment configs became one base config per model and a grid per
+paper table (:data:`MOVED_CONFIGS`), and the line says which base config and settings make the removed run.
 """
 
 from __future__ import annotations
@@ -12,8 +15,114 @@ from typing import Any, Iterator
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingPathError
 from .config import component_class, init_args
+
+
+def _moved_configs() -> dict[str, tuple[str, str, str | None]]:
+    """The removed per-activation experiment configs: path under ``configs/`` -> (the base config that replaced it,
+    the command-line settings that make it the removed run, the grid of its paper table or None)."""
+    fixed = 0.07142857142857142  # the paper's ImageNet scale 1/14
+    cubic, linear = f"{{name: poly3, scale: {fixed}}}", f"{{name: poly1, scale: {fixed}}}"
+    moved: dict[str, tuple[str, str, str | None]] = {}
+
+    def attention(spec: str, extra: str = "") -> str:
+        return f"--model.init_args.attention '{spec}'{extra}"
+
+    paper = (
+        "vit_small",
+        "vit_base",
+        "deit_small",
+        "deit_base",
+        "swin_small",
+        "swin_base",
+        "xcit_small_12",
+        "xcit_medium_24",
+    )
+    for model in paper:
+        for suffix, spec in (("softmax", "softmax"), ("poly3", cubic), ("poly1", linear)):
+            moved[f"classification/imagenet/{model}_{suffix}.yaml"] = (
+                f"classification/imagenet/{model}.yaml",
+                attention(spec),
+                "grids/imagenet_table2.yaml",
+            )
+    for model in ("eva02_small", "beit_base", "maxvit_tiny", "swinv2_tiny"):
+        for suffix, spec in (("softmax", "softmax"), ("poly3", "{name: poly3, scale: inv_sqrt_n}")):
+            moved[f"classification/imagenet/{model}_{suffix}.yaml"] = (
+                f"classification/imagenet/{model}.yaml",
+                attention(spec),
+                "grids/imagenet_families.yaml",
+            )
+    moved["classification/imagenet/vit_large_poly3.yaml"] = ("classification/imagenet/vit_large.yaml", "", None)
+    for suffix, spec in (
+        ("softmax", "softmax"),
+        ("poly3", "{name: poly3, scale: none}"),
+        ("poly3_inv_sqrt_n", "{name: poly3, scale: inv_sqrt_n}"),
+        ("poly1", "{name: poly1, scale: none}"),
+        ("poly1_inv_sqrt_n", "{name: poly1, scale: inv_sqrt_n}"),
+    ):
+        moved[f"classification/tiny_imagenet/vit_tiny_{suffix}.yaml"] = (
+            "classification/tiny_imagenet/vit_tiny.yaml",
+            attention(spec),
+            "grids/tiny_imagenet_table1.yaml",
+        )
+    for model, suffixes, grid in (
+        ("xcit_small_12", ("softmax", "poly3", "poly1"), "grids/coco_table3.yaml"),
+        ("xcit_medium_24", ("softmax", "poly3"), None),
+    ):
+        for suffix in suffixes:
+            spec = {"softmax": "softmax", "poly3": cubic, "poly1": linear}[suffix]
+            pretrained = f" --model.init_args.pretrained <the {suffix} ImageNet run's last.ckpt>"
+            moved[f"detection/coco/mask_rcnn_{model}_{suffix}_3x.yaml"] = (
+                f"detection/coco/mask_rcnn_{model}_3x.yaml",
+                attention(spec, pretrained),
+                grid,
+            )
+    lra = {
+        "softmax": attention("softmax"),
+        "poly3": attention("{name: poly3, scale: 0.0714}"),
+        "poly3_inv_sqrt_n": attention("{name: poly3, scale: inv_sqrt_n}"),
+        "poly1": attention("{name: poly1, scale: 0.0714}"),
+        "relu": attention("{name: relu, scale: inv_n}"),
+        "poly1_attn_dropout0": attention("{name: poly1, scale: 0.0714}", " --model.init_args.attn_dropout 0.0"),
+    }
+    for task in ("listops", "text", "retrieval", "image", "pathfinder"):
+        for suffix, settings in lra.items():
+            moved[f"lra/{task}/{task}_{suffix}.yaml"] = (f"lra/{task}.yaml", settings, f"grids/lra_table4/{task}.yaml")
+    for task in ("pathx", "path256"):
+        moved[f"lra/{task}/{task}_poly3.yaml"] = (f"lra/{task}.yaml", "", None)
+    return moved
+
+
+#: The per-activation experiment configs that became one base config per model and a grid per paper table (issue 36).
+MOVED_CONFIGS = _moved_configs()
+
+
+def config_args(args: list[str]) -> list[str]:
+    """The ``--config`` values of a command line (``--config FILE``, ``-c FILE``, ``--config=FILE``)."""
+    given = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    return given + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+
+
+def check_moved_configs(args: list[str]) -> None:
+    """A ``--config`` path that does not exist and is a removed experiment config (:data:`MOVED_CONFIGS`): an error
+    naming the base config and the settings that make that run, and the grid of its paper table. A file the user
+    keeps at such a path is theirs and is read as it is."""
+    by_file = {tuple(key.split("/")[-2:]): key for key in MOVED_CONFIGS}  # folder/name: unique among them
+    for given in config_args(args):
+        path = Path(given)
+        moved = by_file.get(path.parts[-2:])
+        if moved is None or path.is_file():
+            continue
+        base, settings, grid = MOVED_CONFIGS[moved]
+        # the new paths as the old one was given: from the same configs/ folder, else from the repository's root
+        whole = path.as_posix()
+        root = whole[: -len(moved)] if whole.endswith(f"configs/{moved}") else "configs/"
+        run = f"--config {root}{base}" + (f" {settings}" if settings else "")
+        table = f"; its paper table: polyattn grid {root}{grid}" if grid else ""
+        raise MissingPathError(
+            f"{given} was removed (one base config per model, a grid per paper table): the same run is {run}{table}"
+        )
 
 
 def yaml_references(config: Any) -> Iterator[str]:
@@ -32,8 +141,7 @@ def yaml_references(config: Any) -> Iterator[str]:
 def check_yaml_syntax(args: list[str]) -> None:
     """A ``--config`` file, or a YAML piece it names, that is not valid YAML: an error naming that file and line
     (jsonargparse parses the text and says ``in "<unicode string>"``). Missing files are left to jsonargparse."""
-    pending = [Path(value) for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
-    pending += [Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("--config=")]
+    pending = [Path(value) for value in config_args(args)]
     seen: set[Path] = set()
     while pending:
         path = pending.pop()

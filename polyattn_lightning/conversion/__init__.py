@@ -10,7 +10,10 @@ The methods (configs/README.md measures them on three pretrained models):
   for x^p, relu and poly1 it can only rescale a head's output, never change its pattern;
 * ``transfer`` (:mod:`.transfer`): layer-local attention transfer: each layer's query and key projections (LoRA
   by default) and a factor per head trained to give the softmax layer's output on its own inputs, then folded
-  (:mod:`.folding`): no new parameter, the same state-dict keys.
+  (:mod:`.folding`): no new parameter, the same state-dict keys. It trains on all but ``holdout`` of the samples
+  (:mod:`.holdout`) and stops when the layer error of those it does not train on stops falling, keeping the
+  weights where it was lowest; the report gives both errors, and it warns when the samples are too few or too
+  alike to judge it on, or to train it on.
 
 Fine-tuning after the conversion, in full or with LoRA adapters (:mod:`.lora`, peft), is the tasks' (their
 ``convert`` and ``lora`` options, ``tasks/base.py``).
@@ -23,27 +26,31 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from ..attention.registry import ActivationSpec, get_activation
 from ..attention.switch import AttentionInputs, attention_modules, set_attention
 from ..checkpoint import checkpoint_safe
-from ..errors import ConfigError
+from ..errors import ConfigError, check_options, options_checked
 from .calibrate import calibrate
 from .folding import Edits, Projections, find_projections, fold, library_class
+from .holdout import gap, judgement, rows, split
 from .report import ConversionReport
 from .teacher import Batch, Layer, layer_errors, quiet, record
-from .transfer import Student, TransferOptions
+from .transfer import Progress, Student, TransferOptions
 
 #: The conversion methods, cheapest first.
 METHODS = ("none", "calibrate", "transfer")
 
 
 @checkpoint_safe
+@options_checked("convert")
 @dataclass
 class ConvertRecipe(TransferOptions):
     """A task's ``convert`` option: the method, how many training samples it runs on (in batches of
-    ``batch_size``, None: the data's) and the transfer's options (:class:`~.transfer.TransferOptions`)."""
+    ``batch_size``, None: the data's; a transfer holds ``holdout`` of them out) and the transfer's options
+    (:class:`~.transfer.TransferOptions`)."""
 
     method: str = "none"
     samples: int = 64
@@ -63,16 +70,26 @@ class ConvertRecipe(TransferOptions):
         return {f.name: getattr(self, f.name) for f in fields(TransferOptions)}
 
 
+#: What :func:`convert` takes by name besides the model, activation and samples.
+OPTIONS = ("method", *(f.name for f in fields(TransferOptions)))
+
+
 def convert(
     model: nn.Module, spec: ActivationSpec, samples: Iterable[Batch], method: str = "transfer", **options: Any
 ) -> ConversionReport:
     """Switch ``model`` to ``spec`` and convert it in place on ``samples`` (see the module docstring).
 
     ``options`` are ``transfer``'s (:class:`~.transfer.TransferOptions`: ``qk``, ``rank``, ``lr``, ``steps``,
-    ``patience``, ``min_delta``, ``layers_per_pass``, ``seed``, ``bias``). Refusals (:class:`ConfigError`: a module
-    whose projections a method cannot edit, a temperature that cannot fold) come before any weight changes.
+    ``patience``, ``min_delta``, ``holdout``, ``check_every``, ``layers_per_pass``, ``seed``, ``bias``); an
+    unknown one is refused in one line naming them all. A transfer trains on all but ``holdout`` of the samples and
+    stops on the others' layer error; it warns (and the report keeps the warning) when they are too few or too
+    like the training ones to judge it, when it reached ``steps`` still improving, and when the converted layers
+    fit the samples they trained on far better than the held-out ones (too few samples for what it trains). Refusals
+    (:class:`ConfigError`: a module whose projections a method cannot edit, a temperature that cannot fold) come
+    before any weight changes.
     """
     begin = time.perf_counter()
+    check_options(OPTIONS, options, "convert")
     if method not in METHODS:
         raise ConfigError(f"convert: method {method!r} is not one of {', '.join(METHODS)}")
     if options and method != "transfer":
@@ -82,26 +99,63 @@ def convert(
     samples = list(samples)
     if not samples:
         raise ConfigError("convert: samples is empty; give at least one batch of the model's inputs")
+    count = sum(rows(batch) for batch in samples)
     set_attention(model, spec, probe=_probe(model, samples[0]))
     layers, projections = attention_layers(model, samples[0], need_projections=method != "none")
+    report: dict[str, Any] = {"transfer": {}, "warnings": []}
+    held_out: list[Batch] = []
+    judged: list[str] = []  # why the held-out part cannot judge the transfer (none: it can)
+    progress = Progress(len(layers), transfer_options)
+    if method == "transfer":
+        samples, held_out = split(samples, transfer_options.holdout)
+        judged = judgement(samples, held_out, transfer_options.holdout)
+        report["warnings"] = list(judged)
+        for warning in judged:
+            rank_zero_warn(warning)
+        kept = sum(rows(batch) for batch in held_out)
+        judge = f"stopping on the layer error of {kept} held out" if kept else "none held out"
+        progress.say(
+            f"convert transfer: {len(layers)} layers on {count - kept} samples, {judge}, checked every "
+            f"{transfer_options.check_every} steps, at most {transfer_options.steps} steps"
+        )
+    elif method == "calibrate":
+        rank_zero_info(
+            f"convert calibrate: {len(layers)} layers on {count} samples, a temperature per head from a grid"
+        )
     before = layer_errors(model, layers, samples, None)
-    report = dict(error_start=None, temperatures=None, gains=None, transfer={})
     edits = Edits()
     if method == "calibrate":
         report["temperatures"] = [t.tolist() for t in calibrate(model, layers, projections, spec, samples, edits)]
     elif method == "transfer":
+        progress.phase("the closed-form start of each head's factor")
         student = Student(model, layers, projections, spec, transfer_options, samples)
         edits = student.edits
+        progress.phase("the layer errors at that start")
         report["error_start"] = layer_errors(model, layers, samples, edits.set_enabled)
-        result = student.fit(samples)
+        result = student.fit(samples, held_out, progress)
         report.update(gains=result.gains, temperatures=result.temperatures)
         report["transfer"] = {
             **{k: v for k, v in asdict(result).items() if k not in ("gains", "temperatures")},
             "qk": transfer_options.qk,
             "rank": transfer_options.rank,
         }
+        if result.stopped == "steps":
+            report["warnings"].append(
+                f"convert: the transfer reached its step cap (steps {transfer_options.steps}) with its "
+                f"{'held-out error' if held_out else 'training loss'} still falling; give more steps"
+            )
+            rank_zero_warn(report["warnings"][-1])
+        progress.phase(
+            f"the converted layers' errors on the {'training and held-out' if held_out else 'training'} samples"
+        )
     # against the teacher's own weights (the edits off): folded, the softmax model is no longer the teacher
     after = layer_errors(model, layers, samples, edits.set_enabled) if edits.edits else before
+    if held_out:
+        report["error_held_out"] = layer_errors(model, layers, held_out, edits.set_enabled)
+        if not judged:  # a held-out part that cannot judge cannot say this either
+            for warning in gap(after, report["error_held_out"]):
+                report["warnings"].append(warning)
+                rank_zero_warn(warning)
     fold(edits)
     return ConversionReport(
         method=method,
@@ -109,7 +163,8 @@ def convert(
         layers=[layer.name for layer in layers],
         error_before=before,
         error_after=after,
-        samples=sum(_count(batch) for batch in samples),
+        samples=count,
+        held_out=sum(rows(batch) for batch in held_out),
         seconds=time.perf_counter() - begin,
         **report,
     )
@@ -118,11 +173,6 @@ def convert(
 def _probe(model: nn.Module, batch: Batch):
     """set_attention's probe: the batch's keyword arguments for an HF model, a forward on it for a timm one."""
     return dict(batch) if isinstance(batch, Mapping) else (lambda: model(batch))
-
-
-def _count(batch: Batch) -> int:
-    first = next(iter(batch.values())) if isinstance(batch, Mapping) else batch
-    return int(first.shape[0])
 
 
 def attention_layers(
@@ -153,4 +203,4 @@ def attention_layers(
     return layers, projections
 
 
-__all__ = ["METHODS", "ConversionReport", "ConvertRecipe", "attention_layers", "convert"]
+__all__ = ["METHODS", "OPTIONS", "ConversionReport", "ConvertRecipe", "attention_layers", "convert"]

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from torch import Tensor, nn
 
 from ..attention.switch import attention_modules
 from ..checkpoint import checkpoint_safe
-from ..errors import ConfigError
+from ..errors import ConfigError, check_options, options_checked
 from .folding import base_layer, is_conv1d, library_class, projection_modules
 
 #: The letters a LoRA target may name.
@@ -37,6 +38,7 @@ LETTERS = ("q", "k", "v", "o")
 
 
 @checkpoint_safe
+@options_checked("lora")
 @dataclass
 class LoraRecipe:
     """LoRA settings: rank ``r``, ``alpha`` (the update is scaled by ``alpha / r``), dropout on the adapter's input,
@@ -76,8 +78,20 @@ def lora_targets(model: nn.Module, letters: Sequence[str]) -> list[str]:
     return [wanted[key] for key in sorted(wanted, key=order.__getitem__)]
 
 
-def add_lora(model: nn.Module, recipe: LoraRecipe, trainable: Sequence[nn.Module] = ()) -> dict[str, float]:
-    """Put adapters on ``model`` (in place; see the module docstring); returns :func:`lora_summary`."""
+def add_lora(
+    model: nn.Module,
+    recipe: LoraRecipe | Mapping[str, Any] | None = None,
+    trainable: Sequence[nn.Module] = (),
+    **options: Any,
+) -> dict[str, float]:
+    """Put adapters on ``model`` (in place; see the module docstring) as ``recipe`` says, or its options given as
+    a mapping or as keywords (``add_lora(model, r=4, target=["q", "v"])``; none: the defaults); an unknown option
+    is refused in one line naming them all. Returns :func:`lora_summary`."""
+    check_options(("recipe", "trainable", *(f.name for f in fields(LoraRecipe))), options, "add_lora")
+    if recipe is not None and options:
+        raise ConfigError(f"add_lora: the options are given twice, as recipe and as {', '.join(options)}; give one")
+    if not isinstance(recipe, LoraRecipe):
+        recipe = LoraRecipe(**(recipe or options))
     import peft
 
     targets = lora_targets(model, recipe.target)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from ..errors import MissingPathError
 from .base import DataModule, ImageList, available_cpus, require_dir
 from .image_check import require_readable
-from .transforms import AugmentRecipe, build_transform
+from .transforms import AugmentRecipe, build_transform, recipe_for
 
 Samples = list[tuple[str, int]]
 
@@ -18,7 +19,9 @@ class ImageFolderDataModule(DataModule):
     """Class-per-folder images (ImageNet-1k); classes are the sorted train folder names.
 
     Images are decoded lazily by the loader workers; a file PIL cannot read
-    stops the run with an error naming it.
+    stops the run with an error naming it. Training augmentation not given is chosen from the data at ``setup``
+    (:func:`~.transforms.recipe_for`: DeiT's ImageNet policy for large sets of large images, a light one otherwise)
+    and said in one info line, with why.
     """
 
     layout = "<root>/train/<class>/<image>.JPEG and <root>/val/<class>/<image>.JPEG (one folder per class)"
@@ -28,7 +31,7 @@ class ImageFolderDataModule(DataModule):
         self,
         root: str,
         img_size: int = 224,
-        augment: AugmentRecipe = AugmentRecipe(),
+        augment: AugmentRecipe | None = None,
         batch_size: int = 64,
         num_workers: int = available_cpus(),
         pin_memory: bool = True,
@@ -40,7 +43,9 @@ class ImageFolderDataModule(DataModule):
             root: the data set directory: <root>/train/<class>/<image> and <root>/val/<class>/<image>,
                 one folder per class (relative paths are taken from the working directory).
             img_size: side of the square training and evaluation crops; must equal the model's ``img_size``.
-            augment: training augmentation (DeiT's by default).
+            augment: training augmentation; None (the default) chooses it from the training split at ``setup``:
+                DeiT's ImageNet policy from 10,000 images at 64 px up, else :meth:`AugmentRecipe.light` (flips and
+                crops of 50-100%). A recipe given in part is DeiT's with those fields changed.
             batch_size: per-device batch size (the task scales the learning rate by the global batch).
             num_workers: loader worker processes per device, which decode the images (default: the CPUs this
                 process may use, at most 8).
@@ -54,6 +59,7 @@ class ImageFolderDataModule(DataModule):
         self.root = Path(root).expanduser()
         self.img_size = img_size
         self.augment = augment
+        self.recipe: AugmentRecipe | None = augment  # the one in use: chosen at setup when not given
         self.check_images = check_images
         self.predict_root = None if predict_root is None else Path(predict_root).expanduser()
 
@@ -68,10 +74,16 @@ class ImageFolderDataModule(DataModule):
         self.classes = classes  # names by class index, for predictions
         if self.check_images:
             require_readable([path for path, _ in train + val])
-        self.train_set = ImageList(train, build_transform(self.img_size, True, self.augment))
-        self.val_set = ImageList(val, build_transform(self.img_size, False, self.augment))
+        if self.augment is None:
+            self.recipe, why = recipe_for(len(train), self.img_size)
+        else:
+            self.recipe, why = self.augment, "as given"
+        if stage in ("fit", None):
+            rank_zero_info(f"{type(self).__name__}: training augmentation {self.recipe.describe()}: {why}")
+        self.train_set = ImageList(train, build_transform(self.img_size, True, self.recipe))
+        self.val_set = ImageList(val, build_transform(self.img_size, False, self.recipe))
         if stage == "predict" and self.predict_root is not None:
-            self.predict_set = ImageList(self.predict_samples(), build_transform(self.img_size, False, self.augment))
+            self.predict_set = ImageList(self.predict_samples(), build_transform(self.img_size, False, self.recipe))
 
     def predict_samples(self) -> Samples:
         """Every image file under ``predict_root`` (sorted, any depth), labelled -1: nothing to score against."""

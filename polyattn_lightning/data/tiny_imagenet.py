@@ -40,7 +40,8 @@ class TinyImageNetDataModule(ImageFolderDataModule):
             root: the ``tiny-imagenet-200`` folder as unzipped (wnids.txt, train/, val/); relative paths are taken
                 from the working directory.
             img_size: side of the square crops (64, the images' size); must equal the model's ``img_size``.
-            augment: training augmentation.
+            augment: training augmentation: DeiT's ImageNet policy by default, the recipe of this project's
+                Tiny-ImageNet runs (``configs/classification/recipes/tiny_imagenet.yaml``), whatever the split's size.
             batch_size: per-device batch size (the task scales the learning rate by the global batch).
             num_workers: loader worker processes per device, which decode the images.
             pin_memory: page-locked host memory for faster host-to-GPU copies (ignored without a CUDA device).

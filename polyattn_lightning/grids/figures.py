@@ -20,6 +20,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # pyplot-free: no GUI backend, nothing kept alive after saving
 
 from ..errors import ConfigError
+from .folder import GRID_JSON
 from .results import FigureSpec, Group, Results
 
 BASELINE_COLOUR = "0.55"
@@ -123,7 +124,7 @@ def _number(group: Group, results: Results, axis_name: str) -> float:
         if number > 0 and math.isfinite(number):
             return number
     raise ConfigError(
-        f"{results.grid_dir / 'grid.json'}: report.figure scale-sweep: axis {axis_name!r} needs positive numbers "
+        f"{results.grid_dir / GRID_JSON}: report.figure scale-sweep: axis {axis_name!r} needs positive numbers "
         f"(log axis); label {label!r} is set to {group.cells[0].settings.get(axis.key)!r}"
     )
 

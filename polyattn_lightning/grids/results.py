@@ -2,9 +2,10 @@
 statistics (what :mod:`.report` writes as tables and :mod:`.figures` draws).
 
 Read from the folder alone: ``grid.json`` (the axes, the cells, the grid file's ``report:`` settings) and each cell's
-``metrics.json`` (written by the fit itself; no log is scraped). Only cells whose ``metrics.json`` says
-``"status": "finished"`` count; every other cell (not started, interrupted, failed, finished without the metric) is
-listed with the reason, so a missing seed is never silent.
+``metrics.json`` (written by the fit itself; no log is scraped). Only the cells that :func:`.folder.cell_state` finds
+finished (their ``metrics.json`` says so) count; every other cell (running, interrupted, failed, not started, finished
+without the metric) is listed with its state and why, so a missing seed is never silent. The ``report:`` settings are
+checked by :func:`.spec.read_report`, as the grid file's were.
 
 A group is the cells that share every label but the seed axis's (``poly3-scaled/seed1``, ``/seed2``, ``/seed3`` are
 the group ``poly3-scaled``). Each group is compared with its baseline group (the same labels, with the baseline's
@@ -24,29 +25,15 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, DataError, MissingPathError, closest_option
+from .folder import CELL_LOG, FINISHED, GRID_JSON, METRICS, cell_state, read_json
 from .paper import PaperTable, PaperValue, paper_table
+from .spec import Axis, read_report, seed_axis, sweep_axes
 from .stats import Paired, Summary, paired_difference, summarize
 
-GRID_FILE = "grid.json"
-METRICS_FILE = "metrics.json"
-CELL_FILE = "cell.json"
-#: Which value of a cell's metrics.json is its result: the monitored metric's best or last value (``best.value``,
-#: ``last.value``), or any metric's last logged value (``metrics[metric]``).
-USES = ("best", "last", "final")
-FIGURES = ("bars", "scale-sweep")
-#: The ``report:`` keys of a grid file this module reads.
-REPORT_KEYS = ("metric", "use", "seeds", "baseline", "paper", "figure", "x", "lines")
 #: The seed label of a cell in a grid without a seed axis (each group is one run).
 SINGLE_RUN = "run"
 #: The label a baseline defaults to when ``report.baseline`` is not set.
 DEFAULT_BASELINE = "softmax"
-
-
-@dataclass(frozen=True)
-class Axis:
-    name: str
-    key: str
-    labels: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -116,71 +103,31 @@ class Results:
         return [cell for cell in self.cells if cell.value is None]
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path}: cannot read the {what}: {error}") from None
-
-
-def _axis(axes: list[Axis], name: str, setting: str, grid_file: Path) -> Axis:
-    for axis in axes:
-        if axis.name == name:
-            return axis
-    closest = closest_option(str(name), [axis.name for axis in axes])
-    hint = f" (did you mean {closest!r}?)" if closest else ""
-    raise ConfigError(
-        f"{grid_file}: report.{setting}: {name!r} is not an axis{hint}; axes: {', '.join(a.name for a in axes)}"
-    )
-
-
-def _settings(report: Mapping[str, Any], grid_file: Path) -> dict[str, Any]:
-    unknown = [key for key in report if key not in REPORT_KEYS]
-    if unknown:
-        closest = closest_option(unknown[0], REPORT_KEYS)
-        hint = f" (did you mean {closest!r}?)" if closest else ""
-        raise ConfigError(
-            f"{grid_file}: unknown report key {unknown[0]!r}{hint}; report keys: {', '.join(REPORT_KEYS)}"
-        )
-    use = report.get("use", "best")
-    if use not in USES:
-        raise ConfigError(f"{grid_file}: report.use must be one of {', '.join(USES)}, got {use!r}")
-    return dict(report)
-
-
-def _figures(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path) -> list[FigureSpec]:
+def _figures(report: Mapping[str, Any], group_axes: list[Axis], grid_file: str) -> list[FigureSpec]:
     """Bars always; with ``figure: scale-sweep`` also the sweep over the axes ``report.x`` and ``report.lines``
     (by default the axes named ``scale`` and ``length``; both axes other than the seed's)."""
-    figure = report.get("figure", "bars")
-    if figure not in FIGURES:
-        raise ConfigError(f"{grid_file}: report.figure must be one of {', '.join(FIGURES)}, got {figure!r}")
-    if figure == "bars":
-        given = [key for key in ("x", "lines") if report.get(key)]
-        if given:
-            raise ConfigError(f"{grid_file}: report.{given[0]} names an axis of figure: scale-sweep; figure is bars")
+    if report.get("figure", "bars") == "bars":
         return [FigureSpec("bars")]
-    x = _axis(group_axes, report.get("x") or "scale", "x", grid_file).name
-    lines = report.get("lines") or ("length" if any(axis.name == "length" for axis in group_axes) else None)
-    lines = _axis(group_axes, lines, "lines", grid_file).name if lines else None
-    return [FigureSpec("bars"), FigureSpec("scale-sweep", x, lines)]
+    return [FigureSpec("bars"), FigureSpec("scale-sweep", *sweep_axes(report, group_axes, grid_file))]
 
 
-def _seeds_axis(report: Mapping[str, Any], axes: list[Axis], grid_file: Path, notes: list[str]) -> Axis | None:
-    """``report.seeds``, else the axis named ``seed``, else the one setting ``seed_everything``, else none."""
+def _seeds_axis(report: Mapping[str, Any], axes: list[Axis], grid_file: str, notes: list[str]) -> Axis | None:
+    """The seed axis (``spec.seed_axis``), with a note where report.seeds does not name it."""
+    axis = seed_axis(report, axes, grid_file)
     if report.get("seeds"):
-        return _axis(axes, report["seeds"], "seeds", grid_file)
-    for axis in axes:
-        if axis.name == "seed" or axis.key == "seed_everything":
-            notes.append(f"Seeds: the axis {axis.name!r} (report.seeds not set; it sets {axis.key}).")
-            return axis
-    notes.append(
-        "Seeds: no seed axis (report.seeds not set, no axis sets seed_everything): each cell is its own group."
-    )
-    return None
+        return axis
+    if axis is not None:
+        notes.append(f"Seeds: the axis {axis.name!r} (report.seeds not set; it sets {axis.key}).")
+    else:
+        notes.append(
+            "Seeds: no seed axis (report.seeds not set, no axis sets seed_everything): each cell is its own group."
+        )
+    return axis
 
 
-def _baseline(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path, notes: list[str]) -> dict[str, str]:
-    """``report.baseline`` checked against the axes; unset, the first axis with a ``softmax`` label (said in notes)."""
+def _baseline(report: Mapping[str, Any], group_axes: list[Axis], notes: list[str]) -> dict[str, str]:
+    """``report.baseline`` (checked by ``spec.read_report``); unset, the first axis with a ``softmax`` label (said in
+    notes)."""
     baseline = report.get("baseline")
     if baseline is None:
         for axis in group_axes:
@@ -192,64 +139,27 @@ def _baseline(report: Mapping[str, Any], group_axes: list[Axis], grid_file: Path
                 return {axis.name: DEFAULT_BASELINE}
         notes.append("Baseline: none (report.baseline not set and no axis has a 'softmax' label): no differences.")
         return {}
-    if not isinstance(baseline, Mapping) or not baseline:
-        raise ConfigError(
-            f"{grid_file}: report.baseline must map axes to labels, e.g. {{attention: softmax}}, got {baseline!r}"
-        )
-    for name, label in baseline.items():
-        axis = _axis(group_axes, name, "baseline", grid_file)
-        if str(label) not in axis.labels:
-            raise ConfigError(
-                f"{grid_file}: report.baseline: {label!r} is not a label of axis {name!r}; "
-                f"labels: {', '.join(axis.labels)}"
-            )
     return {name: str(label) for name, label in baseline.items()}
 
 
-def _state(folder: Path) -> tuple[str, str, dict[str, Any] | None]:
-    """A cell's state, why it does not count (empty when it finished) and its metrics.json: only a metrics.json
-    that says ``finished`` counts; a cell with attempts and no metrics.json is still running or was stopped before
-    its fit could write one."""
-    metrics_file = folder / METRICS_FILE
-    if not metrics_file.is_file():
-        cell_file = folder / CELL_FILE
-        attempts = (_read_json(cell_file, "cell file") if cell_file.is_file() else {}).get("attempts", 0)
-        if not attempts:
-            return "not started", "not started (no metrics.json)", None
-        return (
-            "not finished",
-            (
-                f"not finished: no metrics.json after {attempts} attempt(s) (still running, or stopped before it could "
-                "write one)"
-            ),
-            None,
-        )
-    try:
-        metrics = json.loads(metrics_file.read_text())
-    except (OSError, ValueError) as error:
-        return "unreadable", f"metrics.json unreadable: {error}", None
-    status = str(metrics.get("status"))
-    if status == "failed":
-        return status, f"failed: {metrics.get('error') or 'no error recorded'}", metrics
-    if status != "finished":
-        return status, f"{status} (metrics.json status {status!r}): not finished", metrics
-    return status, "", metrics
-
-
 def _read_cell(grid_dir: Path, entry: Mapping[str, Any]) -> Cell:
-    """The cell as grid.json lists it, with its state; a cell that does not count names its log where it has one."""
+    """The cell as grid.json lists it, with its state (``folder.cell_state``) and its metrics.json; a cell that
+    does not count says its state, why, and its log where it has one."""
     folder = grid_dir / entry["dir"]
-    status, reason, metrics = _state(folder)
-    log = folder / "cell.log"
+    state = cell_state(folder)
+    why = state.detail.removeprefix(f"{state.state}: ")
+    reason = None if state.state == FINISHED else f"{state.state}: {why}" if why else state.state
+    log = folder / CELL_LOG
     if reason and log.is_file():
         reason += f"; log: {log.relative_to(grid_dir)}"
     settings = dict(entry.get("settings") or {})
-    return Cell(entry["name"], dict(entry["labels"]), settings, folder, status, metrics, reason=reason or None)
+    metrics = read_json(folder / METRICS)
+    return Cell(entry["name"], dict(entry["labels"]), settings, folder, state.state, metrics, reason=reason)
 
 
 def _metric(report: Mapping[str, Any], cells: list[Cell], grid_file: Path) -> tuple[str | None, str | None]:
     """The report's metric (``report.metric``, else the cells' monitored metric) and its mode (max/min)."""
-    finished = [cell for cell in cells if cell.status == "finished"]
+    finished = [cell for cell in cells if cell.status == FINISHED]
     monitors = {cell.metrics["monitor"]: cell.name for cell in finished if cell.metrics.get("monitor")}
     modes = {cell.metrics.get("mode") for cell in finished} - {None}
     mode = modes.pop() if len(modes) == 1 else None
@@ -286,7 +196,7 @@ def _metric(report: Mapping[str, Any], cells: list[Cell], grid_file: Path) -> tu
 
 def _value(cell: Cell, metric: str, use: str) -> Cell:
     """The finished cell with its value of ``metric`` (``use``: best, last or final), or the reason it has none."""
-    if cell.status != "finished":
+    if cell.status != FINISHED:
         return cell
     if use == "final":
         value = (cell.metrics.get("metrics") or {}).get(metric)
@@ -328,22 +238,28 @@ def _chance(cells: list[Cell], metric: str | None) -> float | None:
 def collect(grid_dir: Path) -> Results:
     """Read the grid folder ``grid_dir`` and compute every group's statistics; user errors name the file and key."""
     grid_dir = Path(grid_dir)
-    grid_file = grid_dir / GRID_FILE
+    grid_file = grid_dir / GRID_JSON
     if not grid_file.is_file():
         raise MissingPathError(
-            f"{grid_dir}: no {GRID_FILE} here; a grid's folder (as `polyattn grid GRID.yaml` "
-            f"writes it) holds {GRID_FILE} and cells/"
+            f"{grid_dir}: no {GRID_JSON} here; a grid's folder (as `polyattn grid GRID.yaml` "
+            f"writes it) holds {GRID_JSON} and cells/"
         )
-    grid = _read_json(grid_file, "grid file")
+    try:
+        grid = json.loads(grid_file.read_text())
+    except (OSError, ValueError) as error:
+        raise DataError(f"{grid_file}: cannot read the grid file: {error}") from None
     if grid.get("schema") != 1:
         raise DataError(f"{grid_file}: schema {grid.get('schema')!r}; this version reads schema 1")
-    report = _settings(grid.get("report") or {}, grid_file)
-    axes = [Axis(a["name"], a["key"], tuple(str(label) for label in a["labels"])) for a in grid["axes"]]
+    axes = [
+        Axis(a["name"], a["key"], tuple(str(label) for label in a["labels"]), tuple(a.get("values") or ()))
+        for a in grid["axes"]
+    ]
+    report = read_report(grid.get("report") or {}, axes, str(grid_file))
     notes: list[str] = []
-    seeds = _seeds_axis(report, axes, grid_file, notes)
+    seeds = _seeds_axis(report, axes, str(grid_file), notes)
     group_axes = [axis for axis in axes if axis is not seeds]
-    baseline = _baseline(report, group_axes, grid_file, notes)
-    figures = _figures(report, group_axes, grid_file)
+    baseline = _baseline(report, group_axes, notes)
+    figures = _figures(report, group_axes, str(grid_file))
     cells = [_read_cell(grid_dir, entry) for entry in grid["cells"]]
     metric, mode = _metric(report, cells, grid_file)
     use = report.get("use", "best")

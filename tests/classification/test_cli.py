@@ -22,8 +22,11 @@ from polyattn_lightning.models.timm_builder import create_timm_model
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
 EXPERIMENTS = experiment_configs(CONFIGS / "classification")
-TINY_IMAGENET = CONFIGS / "classification" / "tiny_imagenet" / "vit_tiny_poly3_inv_sqrt_n.yaml"
-DEIT_SMALL = CONFIGS / "classification" / "imagenet" / "deit_small_poly3.yaml"
+TINY_IMAGENET = CONFIGS / "classification" / "tiny_imagenet" / "vit_tiny.yaml"
+DEIT_SMALL = CONFIGS / "classification" / "imagenet" / "deit_small.yaml"
+#: the x^3 settings of the paper's tables (1/sqrt(N) on Tiny-ImageNet, the fixed 1/14 on ImageNet), as their grids give
+SCALED_POLY3 = ("--model.init_args.attention", "{name: poly3, scale: inv_sqrt_n}")
+POLY3_14 = ("--model.init_args.attention", "{name: poly3, scale: 0.07142857142857142}")
 #: ``model_kwargs`` that shrink each timm family (the model name's first word) to one or two thin blocks; the
 #: image size stays the config's. A family not listed is built at the config's own size.
 TINY_MODELS = {
@@ -56,9 +59,11 @@ def test_experiment_config_builds(request, tmp_path, monkeypatch, path: Path):
 def test_every_shared_config_piece_is_used_by_an_experiment():
     """Pieces are parsed only through the files that name them; an unnamed piece would go unchecked."""
     # detection, LRA and HF keep their experiments and pieces under configs/detection, configs/lra and configs/hf
-    # (their own tests); strategy/ddp.yaml is named by scripts/slurm/train.sbatch (tests/cluster), trainer/fsdp.yaml
-    # is added on the command line (--trainer, tests/sharding/test_sharded_cli.py)
-    pieces = {p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] not in ("detection", "lra", "hf")}
+    # (their own tests), the grids theirs under configs/grids (tests/grids/test_grid_files.py); strategy/ddp.yaml is
+    # named by scripts/slurm/train.sbatch (tests/cluster), trainer/fsdp.yaml is added on the command line (--trainer,
+    # tests/sharding/test_sharded_cli.py)
+    others = ("detection", "lra", "hf", "grids")
+    pieces = {p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] not in others}
     pieces -= {CONFIGS / "strategy" / "ddp.yaml", CONFIGS / "classification" / "trainer" / "fsdp.yaml"}
     pieces -= set(EXPERIMENTS)
     assert {piece.resolve() for piece in pieces} <= named_pieces(CONFIGS)
@@ -158,10 +163,10 @@ def test_lr_is_scaled_by_the_global_batch(tmp_path, monkeypatch):
 
 
 def test_tiny_imagenet_experiment_fits_on_its_layout(tmp_path, monkeypatch, tiny_imagenet):
-    """The real experiment config (12-layer ViT-Tiny, Mixup/CutMix, RandAugment) on a 3-class layout."""
+    """The real experiment config (12-layer ViT-Tiny, Mixup/CutMix, RandAugment) with x^3 on a 3-class layout."""
     monkeypatch.chdir(tmp_path)
     trained = fit(
-        "--config", str(TINY_IMAGENET), "--trainer.fast_dev_run", "1",
+        "--config", str(TINY_IMAGENET), *SCALED_POLY3, "--trainer.fast_dev_run", "1",
         "--data.root", str(tiny_imagenet), "--data.batch_size", "2", "--data.num_workers", "0",
         "--data.pin_memory", "false",
     )  # fmt: skip
@@ -171,11 +176,11 @@ def test_tiny_imagenet_experiment_fits_on_its_layout(tmp_path, monkeypatch, tiny
 
 @pytest.mark.filterwarnings("error:You're using the WeightAveraging callback")
 def test_imagenet_experiment_fits_on_an_image_folder(tmp_path, monkeypatch, image_folder):
-    """DeiT-S with the DeiT recipe and EMA, shrunk to 32 px, on ImageNet-style class folders; the EMA
+    """DeiT-S with the DeiT recipe, EMA and x^3, shrunk to 32 px, on ImageNet-style class folders; the EMA
     prints no warning about sharded layers (none are)."""
     monkeypatch.chdir(tmp_path)
     trained = fit(
-        "--config", str(DEIT_SMALL), "--trainer.fast_dev_run", "1", "--data.img_size", "32",
+        "--config", str(DEIT_SMALL), *POLY3_14, "--trainer.fast_dev_run", "1", "--data.img_size", "32",
         "--data.root", str(image_folder),
         "--data.batch_size", "2", "--data.num_workers", "0", "--data.pin_memory", "false",
     )  # fmt: skip

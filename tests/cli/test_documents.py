@@ -22,11 +22,12 @@ def test_every_yaml_a_config_names_exists():
 
 
 def test_every_config_the_documents_name_exists():
-    """Also the configs in the README's ``python3 -m venv`` lines, which a new user runs verbatim."""
+    """Also the configs in the README's ``python3 -m venv`` lines, which a new user runs verbatim, and the shipped grid
+    files (``configs/grids/...``) ``polyattn grid`` is given."""
     venv_lines = [line for line in README.splitlines() if line.startswith("python3 -m venv")]
     assert any("--config" in line for line in venv_lines)
-    named = re.findall(r"--config[ =](\S+\.yaml)", README + CONFIGS_README)
-    assert len(named) > 5
+    named = re.findall(r"(?:--config[ =]|polyattn grid (?=configs/))(\S+\.yaml)", README + CONFIGS_README)
+    assert len(named) > 5 and any(name.startswith("configs/grids/") for name in named)
     assert [name for name in named if not {"<", "$"} & set(name) and not (ROOT / name).is_file()] == []
 
 

@@ -1,6 +1,7 @@
 """LoRA through peft: adapters on the attention's own q/k/v/o layers (anchored names: patch_embed.proj is no
 target), only they and a named head train, and merging gives the same outputs in the model as it was built, which
 save_pretrained writes and from_pretrained loads without peft."""
+
 from __future__ import annotations
 
 import conversion_models as cm
@@ -35,8 +36,9 @@ def test_targets_are_each_attentions_own_layers_by_full_name():
         f"blocks.{i}.attn.{name}" for i in range(2) for name in ("qkv", "proj")
     ]  # the fused qkv once; never patch_embed.proj
     llama = switched(cm.llama, cm.token_samples(batches=1)[0])
-    assert lora_targets(llama, ["q", "v"]) == [f"model.layers.{i}.self_attn.{n}" for i in range(2) for n in ("q_proj",
-                                                                                                          "v_proj")]
+    assert lora_targets(llama, ["q", "v"]) == [
+        f"model.layers.{i}.self_attn.{n}" for i in range(2) for n in ("q_proj", "v_proj")
+    ]
     bert = switched(cm.bert, cm.token_samples(batches=1)[0])
     assert lora_targets(bert, ["o"]) == [f"encoder.layer.{i}.attention.output.dense" for i in range(2)]
     with pytest.raises(ConfigError, match=r"lora.target: \['x'\] is not a list of q, k, v, o"):
@@ -92,3 +94,38 @@ def test_a_merged_export_loads_without_peft_and_switches_back(tmp_path):
     assert not is_lora(plain) and not any("lora" in k for k in plain.state_dict())
     loaded = load_pretrained(tmp_path, AutoModelForCausalLM)
     torch.testing.assert_close(out(loaded, batch), out(model, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_the_options_come_as_a_recipe_a_mapping_or_keywords_and_an_unknown_one_is_refused_in_one_line():
+    batch = cm.token_samples(batches=1)[0]
+    counts = []
+    for options in (
+        {"recipe": LoraRecipe(r=2, target=["q", "v"])},
+        {"recipe": {"r": 2, "target": ["q", "v"]}},
+        {"r": 2, "target": ["q", "v"]},
+    ):
+        counts.append(add_lora(switched(cm.llama, batch), **options)["adapters"])
+    # 2 layers, r 2 on q (32 x 32) and v (16 x 32): A and B each
+    assert counts[0] == counts[1] == counts[2] == 2 * (2 * (32 + 32) + 2 * (32 + 16))
+    model = switched(cm.llama, batch)
+    refusals = [
+        (
+            lambda: add_lora(model, dropuot=0.1),
+            (
+                "add_lora has no option 'dropuot' (did you mean 'dropout'?); its options: recipe, trainable, r, "
+                "alpha, dropout, target"
+            ),
+        ),
+        (lambda: add_lora(model, rank=4), "add_lora has no option 'rank'; its options: recipe, trainable, r, "),
+        (
+            lambda: add_lora(model, {"r": 2, "alfa": 4.0}),
+            "lora has no option 'alfa' (did you mean 'alpha'?); its options: r, alpha, dropout, target",
+        ),
+        (lambda: LoraRecipe(**{"targets": ["q"]}), "lora has no option 'targets' (did you mean 'target'?)"),
+        (lambda: add_lora(model, LoraRecipe(), r=4), "add_lora: the options are given twice, as recipe and as r"),
+    ]
+    for call, message in refusals:
+        with pytest.raises(ConfigError) as refused:
+            call()
+        assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    assert not is_lora(model)  # nothing was put on the model by a refused call

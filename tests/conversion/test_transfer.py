@@ -1,6 +1,7 @@
 """method="transfer": the per-layer error falls (below the closed-form start, below the factor-only ablation) on
 separate, fused and q-normed projections; the start is the least-squares gain; what cannot fold is refused; the
 report (JSON, figure) says what happened."""
+
 from __future__ import annotations
 
 import json
@@ -10,27 +11,35 @@ import pytest
 import torch
 
 from polyattn_lightning import convert
-from polyattn_lightning.attention import set_attention
-from polyattn_lightning.conversion import attention_layers
+from polyattn_lightning.attention import attention_modules, set_attention
+from polyattn_lightning.conversion import ConvertRecipe, attention_layers
 from polyattn_lightning.conversion.transfer import Student, TransferOptions, homogeneous_degree
 from polyattn_lightning.diagnostics.norms import probe_attention, select_layers
-from polyattn_lightning.errors import ConfigError
+from polyattn_lightning.errors import ConfigError, UnknownOptionError
 
 STEPS = 40
 
 
 def converted(make, samples, spec="poly3", **options):
+    """``make()`` converted on all of ``samples`` (what trains and how is tested here; the held-out part that
+    stops it, in test_holdout.py)."""
     model = make()
     keys = list(model.state_dict())
-    report = convert(model, spec, samples, "transfer", **{"steps": STEPS, **options})
+    report = convert(model, spec, samples, "transfer", **{"steps": STEPS, "holdout": 0, **options})
     assert list(model.state_dict()) == keys
     return model, report
 
 
-@pytest.mark.parametrize("layout, samples", [
-    ("llama", cm.token_samples), ("gpt2", cm.token_samples), ("vit", lambda: cm.image_samples(16)),
-    ("qwen3", cm.token_samples),
-], ids=["separate", "fused-conv1d", "fused-linear", "q-normed"])
+@pytest.mark.parametrize(
+    "layout, samples",
+    [
+        ("llama", cm.token_samples),
+        ("gpt2", cm.token_samples),
+        ("vit", lambda: cm.image_samples(16)),
+        ("qwen3", cm.token_samples),
+    ],
+    ids=["separate", "fused-conv1d", "fused-linear", "q-normed"],
+)
 def test_transfer_lowers_every_layers_error_below_its_closed_form_start(layout, samples):
     samples = samples()
     _, report = converted(getattr(cm, layout), samples)
@@ -105,8 +114,11 @@ def test_a_non_homogeneous_activation_trains_a_temperature_folded_into_the_q_nor
 def test_what_cannot_fold_is_refused_before_any_weight_changes():
     model = cm.qwen3()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ConfigError, match="softplus is not homogeneous, so its per-head temperature must fold into "
-                                          "the queries, but Qwen3Attention's q_norm weight .8,. is shared"):
+    with pytest.raises(
+        ConfigError,
+        match="softplus is not homogeneous, so its per-head temperature must fold into "
+        "the queries, but Qwen3Attention's q_norm weight .8,. is shared",
+    ):
         convert(model, "softplus", cm.token_samples(batches=1))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert [homogeneous_degree(s) for s in ("poly3", "poly1", "relu", "softplus", "sigmoid")] == [3, 1, 1, None, None]
@@ -143,9 +155,38 @@ def test_a_channel_attention_whose_projections_play_other_roles_is_refused():
     tokens = [torch.randn(2, 10, 16)]
     first = davit.ChannelAttention(16, num_heads=2)
     before = {k: v.clone() for k, v in first.state_dict().items()}
-    with pytest.raises(ConfigError, match=r"ChannelAttention attends with its projections' \[q; k; v\] blocks in the "
-                                          r"roles kvq"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ChannelAttention attends with its projections' \[q; k; v\] blocks in the "
+        r"roles kvq",
+    ):
         convert(first, "poly3", tokens, "calibrate")
     assert all(torch.equal(before[k], v) for k, v in first.state_dict().items())
     report = convert(davit.ChannelAttentionV2(16, num_heads=2), "poly3", tokens, "transfer", steps=STEPS)
     assert report.error_after[0] < report.error_before[0]
+
+
+def test_an_unknown_option_is_refused_in_one_line_naming_the_closest_and_all_before_any_change():
+    model = cm.llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UnknownOptionError) as refused:
+        convert(model, "poly3", cm.token_samples(batches=1), "transfer", step=50)
+    assert str(refused.value) == (
+        "convert has no option 'step' (did you mean 'steps'?); its options: method, qk, rank, lr, steps, patience, "
+        "min_delta, holdout, check_every, layers_per_pass, seed, bias"
+    )
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert attention_modules(model) == []  # not even switched
+    # the task's recipe, built from a config's mapping, says the same of its own options
+    with pytest.raises(
+        UnknownOptionError,
+        match=r"^convert has no option 'hold_out' \(did you mean 'holdout'\?\); "
+        r"its options: qk, .*, method, samples, batch_size$",
+    ):
+        ConvertRecipe(**{"method": "transfer", "hold_out": 0.2})
+    with pytest.raises(
+        ConfigError,
+        match=r"convert.holdout is the fraction of the samples held out, in \[0, 1\), "
+        r"got 1.5",
+    ):
+        convert(model, "poly3", cm.token_samples(batches=1), "transfer", holdout=1.5)

@@ -55,7 +55,9 @@ def test_every_detection_config_piece_is_used_by_an_experiment():
 
 
 def test_3x_recipe_is_the_xcit_authors(capsys):
-    config = resolved_config(capsys, CONFIGS / "coco" / "mask_rcnn_xcit_small_12_poly3_3x.yaml")
+    """The base config of the COCO grid, with the attention of its x^3 cell."""
+    config = resolved_config(capsys, CONFIGS / "coco" / "mask_rcnn_xcit_small_12_3x.yaml",
+                             "--model.init_args.attention", "{name: poly3, scale: 0.07142857142857142}")
     optim = config["model"]["init_args"]["optim"]
     assert (optim["lr"], optim["reference_batch"], optim["weight_decay"]) == (1e-4, 16, 0.05)
     assert (optim["warmup_steps"], optim["schedule"], optim["decay_epochs"]) == (500, "step", [27, 33])

@@ -1,13 +1,14 @@
-"""`polyattn maps` from a checkpoint made here and `polyattn sweep` on the digits quickstart, through the CLI."""
+"""`polyattn maps` from a checkpoint made here and `polyattn sweep` (a grid) on the digits quickstart, through the CLI."""
 from __future__ import annotations
 
-import csv
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 from sklearn.datasets import load_digits
 
@@ -73,25 +74,54 @@ def test_maps_command_names_a_bad_head(tmp_path, checkpoint, capsys):
     assert re.search(r"has heads 0\.\.1; got \[5\]", err)
 
 
-def test_sweep_on_digits_writes_csv_and_png(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "sweep.png"
+def test_sweep_writes_its_grid_of_lengths_and_scales_and_lists_the_runs(tmp_path, capsys):
+    out = tmp_path / "sweep"
     cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "0.1", "1", "--lengths", "16", "4", "--steps", "2",
-              "--out", str(out)])
-    with open(out.with_suffix(".csv"), newline="") as file:
-        rows = list(csv.DictReader(file))
-    assert [(int(r["tokens"]), int(r["patch_size"]), float(r["scale"])) for r in rows] == [
-        (16, 4, 0.1), (16, 4, 1.0), (4, 8, 0.1), (4, 8, 1.0)
-    ]
-    assert all(0 <= float(r["val_top1"]) <= 1 and r["activation"].startswith("poly3") for r in rows)
-    with Image.open(out) as image:
-        assert image.size == (750, 500)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.png"]  # the runs kept nothing
+              "--out", str(out), "--dry-run", "--", "--data.init_args.batch_size", "16"])
+    grid = yaml.safe_load((out / "grid.yaml").read_text())
+    assert (out / grid["base"]).resolve() == QUICKSTART.resolve()  # relative to the grid file
+    assert grid["args"]["trainer.max_steps"] == grid["args"]["trainer.val_check_interval"] == 2
+    assert grid["args"]["data.init_args.batch_size"] == "16"  # the arguments after --, for every run
+    kwargs = {"embed_dim": 64, "depth": 4, "num_heads": 2}  # the quickstart's, with the patch for each length
+    assert grid["axes"]["length"] == {"key": "model.init_args.model_kwargs",
+                                      "values": {"N16": {**kwargs, "patch_size": 4}, "N4": {**kwargs, "patch_size": 8}}}
+    assert grid["axes"]["scale"]["values"] == {"scale0.1": {"name": "poly3", "scale": 0.1},
+                                               "scale1": {"name": "poly3", "scale": 1.0}}
+    assert grid["report"] == {"metric": "val/top1", "use": "last", "figure": "scale-sweep", "x": "scale",
+                              "lines": "length"}
+    listed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("    ")]
+    assert listed[-4:] == [f"{name}: not started -> start" for name in
+                           ("N16/scale0.1", "N16/scale1", "N4/scale0.1", "N4/scale1")]
+    assert sorted(path.name for path in out.iterdir()) == ["grid.yaml"]  # a dry run trains nothing
+
+
+def test_sweep_refuses_a_figure_as_out_and_another_sweep_in_its_folder(tmp_path, capsys):
+    err = user_error(capsys, ["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "4",
+                              "--out", str(tmp_path / "s.png")])
+    assert f"--out {tmp_path / 's.png'}: the sweep's folder (its grid file, runs and report/), not a figure" in err
+    args = ["sweep", "--config", str(QUICKSTART), "--lengths", "4", "--out", str(tmp_path / "s"), "--dry-run"]
+    cli.main([*args, "--scales", "1"])
+    before = (tmp_path / "s" / "grid.yaml").read_text()
+    err = user_error(capsys, [*args, "--scales", "0.5"])
+    assert "grid.yaml holds another sweep (other scales, lengths, steps or config): nothing was changed" in err
+    assert (tmp_path / "s" / "grid.yaml").read_text() == before
+
+
+def test_sweep_on_digits_trains_every_run_as_a_grid_cell(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "sweep"
+    cli.main(["sweep", "--config", str(QUICKSTART), "--scales", "0.1", "1", "--lengths", "4", "--steps", "2",
+              "--out", str(out), "--parallel", "2"])
+    for name in ("N4/scale0.1", "N4/scale1"):
+        metrics = json.loads((out / "cells" / name / "metrics.json").read_text())
+        assert metrics["status"] == "finished" and metrics["steps"] == 2
+        assert 0 <= metrics["metrics"]["val/top1"] <= 1
 
 
 def test_sweep_names_lengths_that_do_not_fit_the_image(tmp_path, capsys):
     err = user_error(capsys, ["sweep", "--config", str(QUICKSTART), "--scales", "1", "--lengths", "8",
-                              "--out", str(tmp_path / "s.png")])
+                              "--out", str(tmp_path / "s")])
+    assert not (tmp_path / "s").exists()
     assert re.search(r"--lengths 8: a 16-px image cuts into .*: 256, 64, 16, 4, 1", err)
 
 

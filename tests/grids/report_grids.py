@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 
@@ -44,8 +45,8 @@ def write_grid(
     name: str = "test-grid",
 ) -> Path:
     """A grid folder under ``root``: ``axes`` name -> (key, {label: value}) in order; ``cells`` cell name -> its
-    metrics.json body (None: no metrics.json); ``configs`` cell name -> the run's resolved config (config.yaml);
-    ``logs`` cell name -> its cell.log text."""
+    metrics.json body (None: no metrics.json; an interrupted one comes with its checkpoint); ``configs`` cell name ->
+    the run's resolved config (config.yaml); ``logs`` cell name -> its cell.log text."""
     configs, logs = configs or {}, logs or {}
     entries = []
     for combination in itertools.product(*[list(values.items()) for _, values in axes.values()]):
@@ -63,6 +64,9 @@ def write_grid(
             (folder / "cell.log").write_text(logs[cell_name])
         if cells.get(cell_name) is not None:
             (folder / "metrics.json").write_text(json.dumps(cells[cell_name]))
+            if cells[cell_name]["status"] == "interrupted":  # an interrupted fit leaves the checkpoint it resumes from
+                (folder / "checkpoints").mkdir()
+                torch.save({"global_step": 60}, folder / "checkpoints" / "last.ckpt")
         if cell_name in configs:
             (folder / "config.yaml").write_text(yaml.safe_dump(configs[cell_name]))
     grid = {

@@ -88,7 +88,7 @@ def test_missing_and_unfinished_seeds_are_said_out_loud(digits_grid, capsys):
     folder = write_report(root)
     shown = capsys.readouterr().out
     assert "6 of 9 cells counted" in shown
-    assert "not counted: poly3-scaled/seed2: interrupted (metrics.json status 'interrupted')" in shown
+    assert "not counted: poly3-scaled/seed2: interrupted: was interrupted; resumes from checkpoints/last.ckpt" in shown
     assert "not counted: relu/seed2: failed: RuntimeError: loss is nan; log: cells/relu/seed2/cell.log" in shown
     assert "not counted: relu/seed3: not started" in shown
     table = (folder / "table.md").read_text()

@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_lra_data import write_aan, write_cifar, write_imdb, write_pathfinder  # writers of the official formats
 
 from polyattn_lightning import cli
 from polyattn_lightning.attention import attention, get_activation
+from polyattn_lightning.cli.runs import activation_label
 from polyattn_lightning.data.lra import ListOpsSpec, PathfinderSpec
 from polyattn_lightning.data.lra.listops import default_root, write_dataset
 from polyattn_lightning.data.lra.snakes import write_dataset as write_pathfinder_set
+from polyattn_lightning.grids.spec import settings_args
 from polyattn_lightning.tasks import LRAModule
-from training_helpers import built, experiment_configs, fit, named_pieces, runs_activation
+from training_helpers import GRIDS, built, experiment_configs, fit, grid_cells, named_pieces, runs_activation
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
 
@@ -36,11 +37,18 @@ RECIPE = {
     "image": ("CIFAR10GrayDataModule", 256, 35000, 175),
     "pathfinder": ("PathfinderDataModule", 256, 62400, 312),
 }
-EXPERIMENTS = sorted(path for task in RECIPE for path in (LRA / task).glob("*.yaml"))
+EXPERIMENTS = [LRA / f"{task}.yaml" for task in RECIPE]
 #: Pathfinder at full length, on poly3 only: (resolution, batch, accumulated batches, validation every n batches)
 FULL_LENGTH = {"pathx": (128, 32, 8, 2496), "path256": (256, 8, 32, 9984)}
-FULL_LENGTH_EXPERIMENTS = sorted(path for task in FULL_LENGTH for path in (LRA / task).glob("*.yaml"))
-ACTIVATIONS = {"softmax", "poly3", "poly1", "poly3_inv_sqrt_n", "relu", "poly1_attn_dropout0"}
+FULL_LENGTH_EXPERIMENTS = [LRA / f"{task}.yaml" for task in FULL_LENGTH]
+#: table 4's attention settings, each task's column a grid (configs/grids/lra_table4/<task>.yaml)
+TABLE4 = {
+    "softmax": "softmax",
+    "poly3-14": {"name": "poly3", "scale": 0.0714},
+    "poly3-scaled": {"name": "poly3", "scale": "inv_sqrt_n"},
+    "poly1-14": {"name": "poly1", "scale": 0.0714},
+    "relu": {"name": "relu", "scale": "inv_n"},
+}
 TINY_LISTOPS = ListOpsSpec(num_train=40, num_val=8, num_test=9, min_length=10, max_length=60, max_depth=3, max_args=4)
 
 
@@ -49,11 +57,13 @@ def make(*args: str):
     return cli.make_cli(list(args), run=False)
 
 
-def test_every_task_has_every_activation_with_unique_names():
-    names = [path.stem for path in EXPERIMENTS]
-    assert len(names) == len(set(names))  # a run's folder is named after its config file
+def test_every_task_is_a_column_of_table_4():
+    """Each task's grid runs its base config with every attention setting of table 4, 3 seeds each."""
     for task in RECIPE:
-        assert {path.stem.removeprefix(f"{task}_") for path in (LRA / task).glob("*.yaml")} >= ACTIVATIONS
+        base, _, cells = grid_cells(GRIDS / "lra_table4" / f"{task}.yaml")
+        assert base == LRA / f"{task}.yaml"
+        assert {labels["attention"]: settings["model.init_args.attention"] for _, labels, settings in cells} == TABLE4
+        assert len(cells) == 3 * len(TABLE4)
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +72,15 @@ def tiny_roots(tmp_path_factory) -> dict[str, Path]:
     return {task: tiny_release(tmp_path_factory.mktemp(task), task) for task in RECIPE}
 
 
-@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
-def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_roots, path: Path):
-    """Through the CLI as ``fit`` would, on the task's tiny files: the encoder built with what the data determines."""
-    task, activation = path.parent.name, path.stem.split("_", 1)[1]
+@pytest.mark.parametrize("attention", TABLE4)
+@pytest.mark.parametrize("task", RECIPE)
+def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_roots, task: str, attention: str):
+    """Each table-4 cell (the task's base config with the attention its grid gives) through the CLI as ``fit``
+    would, on the task's tiny files: the encoder built with what the data determines, running that attention."""
     monkeypatch.chdir(tmp_path)
+    path, spec = LRA / f"{task}.yaml", TABLE4[attention]
     extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
-    run = built(path, "--data.root", str(tiny_roots[task]), *extra)
+    run = built(path, "--data.root", str(tiny_roots[task]), *settings_args({"model.init_args.attention": spec}), *extra)
     module, data, trainer = run.model, run.datamodule, run.trainer
     assert module.hparams.num_classes == data.num_classes and module.hparams.vocab_size == data.vocab_size
     data_class, batch, steps, warmup = RECIPE[task]
@@ -78,11 +90,17 @@ def test_config_composes_to_the_recipe_and_builds(tmp_path, monkeypatch, tiny_ro
     assert (optim.lr, optim.weight_decay, optim.eps, optim.schedule) == (1e-4, 0, 1e-6, "linear")
     hp = module.hparams
     assert (hp.dim, hp.depth, hp.num_heads, hp.head_dim, hp.mlp_dim, hp.dropout) == (64, 2, 2, 32, 128, 0.1)
-    assert hp.attn_dropout == (0.0 if activation == "poly1_attn_dropout0" else 0.1)
-    act = get_activation(hp.attention)
-    expected_scale = {"softmax": None, "poly3_inv_sqrt_n": "inv_sqrt_n", "relu": "inv_n"}.get(activation, 0.0714)
-    assert act.name == activation.split("_")[0] and (act.is_softmax or act.scale == expected_scale)
-    assert runs_activation(module.model, hp.attention)
+    assert hp.attn_dropout == 0.1
+    assert get_activation(hp.attention) == get_activation(spec) and runs_activation(module.model, spec)
+
+
+def test_x_without_attention_dropout_runs_linear_attention_from_the_command_line(tmp_path, monkeypatch, tiny_roots):
+    """The removed ``*_poly1_attn_dropout0`` configs as the base config and two settings: x at 1/14 with no
+    dropout on the attention map, which the associative (linear-time) form needs."""
+    monkeypatch.chdir(tmp_path)
+    run = built(LRA / "listops.yaml", "--data.root", str(tiny_roots["listops"]),
+                "--model.init_args.attention", "{name: poly1, scale: 0.0714}", "--model.init_args.attn_dropout", "0.0")
+    assert run.model.hparams.attn_dropout == 0.0 and get_activation(run.model.hparams.attention).associative
 
 
 @pytest.mark.parametrize("path", FULL_LENGTH_EXPERIMENTS, ids=lambda p: p.stem)
@@ -90,7 +108,7 @@ def test_full_length_pathfinder_configs_build(tmp_path, monkeypatch, path: Path)
     """Path-X and Path-256 on tiny generated sets of their resolution: Pathfinder's recipe at an effective batch of
     256, the encoder at 16,384 / 65,536 positions, x^3 at 1/sqrt(N) without attention dropout (nothing that keeps
     the linear form out), the generator as the data when no root is given."""
-    resolution, batch, accumulate, every = FULL_LENGTH[path.parent.name]
+    resolution, batch, accumulate, every = FULL_LENGTH[path.stem]
     root = write_pathfinder_set(PathfinderSpec(num_images=10), tmp_path / "data", resolution=resolution)
     monkeypatch.chdir(tmp_path)
     run = built(path, "--data.root", str(root))
@@ -136,24 +154,26 @@ def scalars(log_dir: Path, tag: str) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    "config",
-    ["listops_softmax", "text_poly3_inv_sqrt_n", "retrieval_poly1_attn_dropout0", "image_relu", "pathfinder_poly3"],
+    ("task", "attention"),
+    [("listops", "softmax"), ("text", "poly3-scaled"), ("retrieval", "poly1-14"), ("image", "relu"),
+     ("pathfinder", "poly3-14")],
 )
-def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, caplog, config):
-    task = config.split("_")[0]
+def test_fit_a_few_steps_on_the_official_format(tmp_path, monkeypatch, caplog, task, attention):
     root = tiny_release(tmp_path / "data", task)
     monkeypatch.chdir(tmp_path)
     extra = ["--data.val_size", "6"] if task == "image" else []  # of 20 tiny training images, not 5000
     with caplog.at_level("INFO"):
-        run = fit("--config", str(LRA / task / f"{config}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
-                  "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", *extra)
+        run = fit("--config", str(LRA / f"{task}.yaml"), "--data.root", str(root), "--data.batch_size", "2",
+                  *settings_args({"model.init_args.attention": TABLE4[attention]}), "--trainer.max_steps", "2",
+                  "--trainer.val_check_interval", "2", *extra)
     assert run.trainer.global_step == 2
     # the chance level the README's claims are measured against, counted here sample by sample
     test_set = run.datamodule.test_set
     label, count = Counter(test_set[i][1] for i in range(len(test_set))).most_common(1)[0]
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("majority-class rate")]
     assert f"test {count / len(test_set):.1%} (class {label})" in line and ": val " in line
-    log_dir = tmp_path / "runs" / "lra" / config / "version_0"
+    label = "softmax" if attention == "softmax" else activation_label(TABLE4[attention])
+    log_dir = tmp_path / "runs" / "lra" / (task if attention == "softmax" else f"{task}_{label}") / "version_0"
     best = list((log_dir / "checkpoints").glob("best-*.ckpt"))
     assert len(best) == 1 and Path(run.trainer.ckpt_path).resolve() == best[0]  # tested with the best checkpoint
     assert len(scalars(log_dir, "test/top1")) == 1
@@ -183,7 +203,8 @@ def test_two_process_ddp_tests_every_sample_once(tmp_path):
     root = tiny_release(tmp_path / "data", "listops")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "-m", "polyattn_lightning", "fit", "--config", str(LRA / "listops" / "listops_poly3.yaml"),
+        "-m", "polyattn_lightning", "fit", "--config", str(LRA / "listops.yaml"),
+        "--model.init_args.attention", "poly3",
         "--data.root", str(root), "--data.batch_size", "4", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
         "--trainer.strategy", "ddp", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
         "--trainer.enable_progress_bar", "false",
@@ -191,10 +212,10 @@ def test_two_process_ddp_tests_every_sample_once(tmp_path):
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    log_dir = tmp_path / "runs" / "lra" / "listops_poly3" / "version_0"
+    log_dir = tmp_path / "runs" / "lra" / "listops_poly3" / "version_0"  # the base config's name and the attention
     (best,) = (log_dir / "checkpoints").glob("best-*.ckpt")
     module = LRAModule.load_from_checkpoint(best).eval()
-    data = make("--config", str(LRA / "listops" / "listops_poly3.yaml"), "--data.root", str(root)).datamodule
+    data = make("--config", str(LRA / "listops.yaml"), "--data.root", str(root)).datamodule
     data.setup("test")
     correct = 0
     with torch.no_grad():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import AutoModelForCausalLM
-from training_helpers import QUICKSTART, Killed, KillAt, cpu_trainer, fit
+from training_helpers import QUICKSTART, Killed, KillAt, cpu_trainer, error_lines, fit, run_commands
 
 from polyattn_lightning import cli
 from polyattn_lightning.callbacks import ExactResume
@@ -159,3 +159,33 @@ def test_bad_convert_and_lora_options_stop_before_any_model_is_built(capsys):
         with pytest.raises((SystemExit, ConfigError)) as error:
             cli.main(["fit", "--config", str(QUICKSTART), *option])
         assert message in str(error.value) + capsys.readouterr().err
+
+
+def test_convert_on_the_command_line_refuses_an_unknown_option_in_one_line_and_warns_on_too_few_samples(tmp_path):
+    """As a user runs them, each its own process: a misspelt key of the convert mapping (given whole on the
+    command line to a timm task, in a config file to an HF one) is one line naming the closest, exit 2, nothing
+    written; too few samples to judge the transfer by is one warning line in a run that goes on."""
+    (tmp_path / "convert.yaml").write_text("model: {init_args: {convert: {method: transfer, hold_out: 0.2}}}\n")
+    cases = [
+        (["fit", "--config", str(QUICKSTART), "--model.init_args.convert", "{method: transfer, hold_out: 0.2}"],
+         "ClassificationModule"),
+        (["fit", "--config", str(HF / "minilm_poly3.yaml"), "--config", "convert.yaml"], "HFSequenceClassification"),
+    ]  # fmt: skip
+    few = ["fit", "--config", str(QUICKSTART), "--model.init_args.convert", "{method: transfer, samples: 8, steps: 4}"]
+    few += "--trainer.max_steps 1 --trainer.limit_val_batches 1 --trainer.limit_test_batches 1".split()
+    *refused, ran = run_commands(tmp_path, *(argv for argv, _ in cases), few)
+    for (argv, task), result in zip(cases, refused):
+        assert result["rc"] == 2 and error_lines(result["output"]) == [
+            f"error: model.init_args.convert.hold_out is not an option of {task} "
+            "(did you mean model.init_args.convert.holdout?)"
+        ], (argv, result["output"])
+        assert "Traceback" not in result["output"]
+    assert ran["rc"] == 0, ran["output"][-3000:]
+    said = [line.split(": ", 1)[1] for line in ran["output"].splitlines() if ": convert: " in line]
+    assert said[0] == (
+        "convert: only 2 of 8 samples held out (holdout 0.25), fewer than 8: too few to judge the transfer on samples "
+        "it has not seen (its stop and its held-out error are noise); give at least 32 samples"
+    )
+    assert [path.relative_to(tmp_path) for path in tmp_path.rglob("conversion.json")] == [
+        Path("runs/classification/quickstart/version_0/conversion.json")
+    ]  # the refused commands wrote no run of their own
