@@ -101,6 +101,7 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         (module, "Probe"): (f"{_SWITCH}.hf.switching", "Probe")
         for module in (f"{_SWITCH}.hf", f"{_SWITCH}.hf.interface")
     },
+    **{(f"{_SWITCH}.timm", name): (f"{_SWITCH}.timm.switching", name) for name in ("Probe", "log")},
     (f"{_SWITCH}.hf.interface", "DECODE_ROWS"): (f"{_KERNELS}.base.contract", "STEP_ROWS"),
     (f"{_SWITCH}.hf", "SAVED_IMPLEMENTATION_KEY"): (f"{_SWITCH}.hf.saved", "SAVED_IMPLEMENTATION_KEY"),
     (f"{_SWITCH}.hf", "PROBE_ACTIVATION"): (f"{_SWITCH}.hf.switching", "PROBE_ACTIVATION"),

@@ -22,28 +22,18 @@ Each switch of the first two kinds was reviewed against its timm class's code in
 (``switch/reviewed.py``): a class whose installed code was not reviewed keeps softmax, named with its timm
 release and what to do (refused under ``strict``, like any attention that cannot be switched).
 
-A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward (one
-random image at the size the model was built for) under a ``TorchFunctionMode`` that records every softmax and
-SDPA call (``probe.py``); any call outside a switched module, any module with timm's ``fused_attn`` flag (its
-mark on SDPA attention) but no switch, and any module of a class the tables name refuses the model with each
-module's path, class (``timm.models.beit.Attention``) and reason, and nothing is changed. ``strict=False``
-(YAML: ``model.init_args.attention_strict: false``) switches what can be switched and logs one line naming
-what stays softmax.
+A model counts as switched only on evidence: a probe forward after the switch (``switching.py`` says how).
 
-To add a timm family:
-
-1. timm calls SDPA for it (with ``fused_attn`` on) and does no other softmax: read its ``forward``, note what
-   it passes as ``attn_mask`` (nothing, a bool mask, a float bias, ``-inf``/``finfo.min`` sentinels -- never a
-   finite sentinel mixed with a bias) and add a ``Reviewed(cls, masks)`` line to ``sdpa.REVIEWED``; add its
-   tiny constructor to ``tests/attention/switch/timm_families.py``.
-2. timm computes softmax by hand: write the smallest subclass of the timm class with
-   :class:`~polyattn_lightning.attention.switch.base.SwitchedAttention` whose ``forward`` keeps timm's steps
-   and calls ``self._attend`` where the softmax was, decorate it with ``@register_adapter(TimmClass)``, put it
-   in ``families/<family>.py`` (listed in ``families/__init__.py``) and take the class off
-   ``tables.HAND_SOFTMAX``.
-3. Regenerate the support table: ``python -m polyattn_lightning.bench timm-support --write README.md``.
+To add a timm family: the recipe is ``families/__init__.py``'s.
 """
 
+from .... import deprecated
 from .switching import AttentionRefused, ProbeInputError, Unswitched, set_attention, switch_modules
+
+
+def __getattr__(name: str):
+    """Names that moved to the modules of this package: where to (``polyattn_lightning/deprecated.py``)."""
+    return deprecated.attribute(__name__, name)
+
 
 __all__ = ["AttentionRefused", "ProbeInputError", "Unswitched", "set_attention", "switch_modules"]

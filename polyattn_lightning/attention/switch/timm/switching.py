@@ -1,7 +1,16 @@
 """Switch the attention of a timm model to a registry activation, in place: :func:`set_attention` and the work
 behind it (:func:`switch_modules`: find the switchable modules, swap their classes, prove the switch by a probe
-forward, undo it all on a refusal). The package's docstring says what the three kinds of switch are and how to add
-a family."""
+forward, undo it all on a refusal). The package's docstring says what the three kinds of switch are,
+``families/__init__.py`` how to add a family.
+
+A model counts as switched only on evidence: after switching, ``set_attention`` runs a probe forward (one
+random image at the size the model was built for) under a ``TorchFunctionMode`` that records every softmax and
+SDPA call (``probe.py``); any call outside a switched module, any module with timm's ``fused_attn`` flag (its
+mark on SDPA attention) but no switch, and any module of a class the tables name refuses the model with each
+module's path, class (``timm.models.beit.Attention``) and reason, and nothing is changed. ``strict=False``
+(YAML: ``model.init_args.attention_strict: false``) switches what can be switched and logs one line naming
+what stays softmax.
+"""
 
 from __future__ import annotations
 
