@@ -106,10 +106,10 @@ def test_every_old_path_imports_warns_once_and_has_its_names():
         new = (deprecated._targets(old) or [None])[0]
         assert len(seen["warnings"]) == 1 and f"{old} moved to {new}" in seen["warnings"][0], (old, seen["warnings"])
         assert set(seen["found"]) == set(USED[old])
-    for name, (identical, warnings, kept) in report["attributes"].items():
+    for name, (identical, lines, kept) in report["attributes"].items():
         assert identical, f"{name} is not the object of its new home"
         if not kept:  # a name the module still imports for itself, or one of an alias module, needs no second line
-            assert len(warnings) == 1 and "moved to" in warnings[0], (name, warnings)
+            assert len(lines) == 1 and "moved to" in lines[0], (name, lines)
 
 
 def test_a_removed_name_says_what_replaced_it():

@@ -7,8 +7,7 @@ import pickle
 
 import pytest
 import torch
-from hf_models import REFERENCE, tiny_bert, tiny_llama, tiny_vit, token_batch, with_reference
-from torch import nn
+from hf_models import tiny_bert, tiny_llama, tiny_vit, token_batch, with_reference
 from transformers import MistralConfig, MistralModel
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
