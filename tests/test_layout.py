@@ -19,7 +19,7 @@ ATTENTION = PACKAGE / "attention"
 
 #: The package's rooms, lowest first: a module imports only from its own room or from lower layers.
 LAYERS = (
-    {"errors", "deprecated", "logs"},
+    {"errors", "deprecated", "logs", "waits"},
     {"rng", "distributed", "checkpoint"},
     {"attention"},
     {"diagnostics", "models"},

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,18 @@ class KillAt(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             raise Killed
+
+
+class SlowStep(Callback):
+    """Sleeps ``seconds`` in the backward of optimizer step ``step`` (1-based): one step that runs long, inside the
+    step's hooks (so a heartbeat has a step to report)."""
+
+    def __init__(self, step: int, seconds: float):
+        self.step, self.seconds = step, seconds
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step + 1 == self.step:
+            time.sleep(self.seconds)
 
 
 def write_jpeg(path: Path, seed: int, size: int = 24) -> Path:

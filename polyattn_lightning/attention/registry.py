@@ -185,6 +185,8 @@ def registered_activations() -> list[str]:
     return sorted([*_REGISTRY, *_FAMILIES])
 
 
+#: What names an activation: a registered name (``"poly3"``), a mapping of a name and its options
+#: (``{"name": "poly3", "scale": 1/14}``) or an :class:`Activation`.
 ActivationSpec = Union[str, Mapping[str, Any], Activation]
 
 

@@ -9,6 +9,7 @@ from .memory import MemoryReport
 from .nan_guard import NonFiniteLossError, NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import Interrupted, StopOnSignal
+from .progress_lines import ProgressLines
 from .resume import ExactResume
 from .standard import LastCheckpoint
 from .summary import RunSummary
@@ -25,6 +26,7 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PredictionWriter",
+    "ProgressLines",
     "RunSummary",
     "StopOnSignal",
 ]

@@ -29,6 +29,7 @@ from .memory import MemoryReport
 from .nan_guard import NonFiniteLossGuard
 from .predictions import PredictionWriter
 from .preemption import StopOnSignal
+from .progress_lines import ProgressLines
 from .resume import ExactResume
 from .summary import RunSummary
 
@@ -111,6 +112,12 @@ STANDARD_CALLBACKS = (
         RunSummary,
         "at the end of fit/validate/test (also on Ctrl-C or an error): the monitored metric's best and last value and "
         "the other val/ and test/ metrics, printed and written to <run folder>/metrics.json",
+    ),
+    StandardCallback(
+        "progress_lines",
+        ProgressLines,
+        "where stdout is not a terminal or the run has no progress bar: a line every every_n_steps steps or "
+        "every_seconds s (step, loss, steps/s, time left), and a heartbeat while one step runs over heartbeat_seconds",
     ),
 )
 STANDARD_KEYS = tuple(callback.key for callback in STANDARD_CALLBACKS)

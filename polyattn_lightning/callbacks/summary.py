@@ -281,10 +281,12 @@ def best_checkpoint(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Model
 
 def tips(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
     """What to try when the accuracy stays at chance, with the options this run has: lighter augmentation (an
-    image data module with RandAugment or random erasing on), a lower learning rate, more epochs, and softmax
+    image data module whose training augmentation, given or chosen from the data, has RandAugment or random erasing
+    on), a lower learning rate, more epochs, and softmax
     attention to tell the activation's part from the recipe's."""
     found = []
-    augment = getattr(trainer.datamodule, "augment", None)
+    data = trainer.datamodule
+    augment = getattr(data, "recipe", None) or getattr(data, "augment", None)  # the recipe in use, given or chosen
     if getattr(augment, "auto_augment", None) or getattr(augment, "re_prob", 0):
         found.append("lighter augmentation on small data (--data.augment.auto_augment null --data.augment.re_prob 0)")
     hparams = getattr(pl_module, "hparams", {})

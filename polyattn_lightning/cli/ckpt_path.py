@@ -1,6 +1,7 @@
 """What ``--ckpt_path`` names, probed before any model is built: a Lightning checkpoint file (not a weight file), a
 sharded checkpoint folder, or, for ``validate``/``test``/``predict`` given no config, a run whose saved config is
-used; and what goes wrong reading its saved hyperparameters, said with the file's name.
+used; and what goes wrong reading its saved hyperparameters, said with the file's name. A checkpoint that does not
+exist is named with the checkpoints that do, nearby (:func:`missing_checkpoint`).
 
 LightningCLI reads a checkpoint's hyperparameters with a bare ``torch.load`` and replaces the config's model
 arguments with them; its errors do not name the file, and a folder or a missing file is silently passed over.
@@ -20,7 +21,12 @@ from ..checkpoint import CheckpointLoadError, load_checkpoint
 from ..errors import ConfigError, MissingPathError
 from ..sharding.checkpoints import check_sharded_folder
 from .config import init_args
-from .runs import EVALUATION_VERBS, checkpoint_run_dir, names_a_path, saved_configs
+from .runs import EVALUATION_VERBS, RUNS_DIR, checkpoint_run_dir, names_a_path, saved_configs
+
+#: How many checkpoint files the error for a missing ``--ckpt_path`` lists.
+SHOWN_CHECKPOINTS = 10
+#: How many folders it searches at most for them (a path far off the mark can name a large tree).
+SEARCHED_FOLDERS = 2000
 
 
 def is_lightning_checkpoint(path: str | os.PathLike) -> bool:
@@ -33,6 +39,48 @@ def is_lightning_checkpoint(path: str | os.PathLike) -> bool:
     return isinstance(checkpoint, dict) and "state_dict" in checkpoint
 
 
+def checkpoints_near(ckpt_path: str) -> tuple[Path, list[Path]] | None:
+    """The folder searched for the checkpoints a missing ``ckpt_path`` may have meant, and the ``*.ckpt`` files
+    in it (any depth, sorted; at most :data:`SEARCHED_FOLDERS` folders): the nearest folder above the path that
+    exists, or ``runs/`` where that is the working directory or a folder above it (None: no ``runs/`` here)."""
+    here = Path.cwd().resolve()
+    folder = Path(ckpt_path).expanduser().resolve().parent
+    while not folder.is_dir():
+        folder = folder.parent
+    if folder == here or folder in here.parents:
+        folder = here / RUNS_DIR
+        if not folder.is_dir():
+            return None
+    found = []
+    for count, (parent, children, files) in enumerate(os.walk(folder)):
+        if count == SEARCHED_FOLDERS:
+            break
+        children.sort()
+        found += [Path(parent, name) for name in sorted(files) if name.endswith(".ckpt")]
+    return folder, found
+
+
+def missing_checkpoint(ckpt_path: str) -> MissingPathError:
+    """``--ckpt_path X: no such checkpoint file or sharded folder``, with the checkpoint files near it
+    (:func:`checkpoints_near`, the first :data:`SHOWN_CHECKPOINTS`), or that there is none."""
+    message = f"--ckpt_path {ckpt_path}: no such checkpoint file or sharded folder"
+    near = checkpoints_near(ckpt_path)
+    if near is None:
+        return MissingPathError(message)
+    here = Path.cwd().resolve()
+
+    def shown(path: Path) -> str:
+        return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+    folder, found = near
+    if not found:
+        return MissingPathError(f"{message}; there is no checkpoint (*.ckpt) under {shown(folder)}")
+    lines = [f"  {shown(path)}" for path in found[:SHOWN_CHECKPOINTS]]
+    if len(found) > SHOWN_CHECKPOINTS:
+        lines.append(f"  ... and {len(found) - SHOWN_CHECKPOINTS} more")
+    return MissingPathError("\n".join([f"{message}; the checkpoints under {shown(folder)}:", *lines]))
+
+
 def sharded_folder(ckpt_path: str) -> Path | None:
     """The sharded checkpoint folder ``ckpt_path`` names, or None for a file or a name Lightning resolves (``last``,
     a URL). A local path that does not exist, a folder that is not a sharded checkpoint or a file that is not a
@@ -41,7 +89,7 @@ def sharded_folder(ckpt_path: str) -> Path | None:
         if Path(ckpt_path).is_dir():
             return check_sharded_folder(ckpt_path)
         if not Path(ckpt_path).is_file():
-            raise MissingPathError(f"--ckpt_path {ckpt_path}: no such checkpoint file or sharded folder")
+            raise missing_checkpoint(ckpt_path)
     if Path(ckpt_path).is_file() and not is_lightning_checkpoint(ckpt_path):
         raise CheckpointLoadError(
             f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (it has no 'state_dict'): "
@@ -107,6 +155,8 @@ def saved_run_config(args: list[str]) -> Path | None:
     paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--ckpt_path=")]
     if not paths or not names_a_path(paths[-1]):
         return None
+    if not Path(paths[-1]).exists():
+        raise missing_checkpoint(paths[-1])
     if not Path(paths[-1]).is_file():
         raise MissingPathError(f"--ckpt_path {paths[-1]}: no such checkpoint file")
     run_dir = checkpoint_run_dir(paths[-1])

@@ -73,6 +73,20 @@ def short_parse_message(message: str) -> str:
     return lines[0] + "".join(f"\n  {line}" for line in lines[1:])
 
 
+def help_hint(prog: str, message: str) -> str:
+    """The help that lists what ``message`` is about: for an option of a class (``--data.rooot`` of
+    ``DigitsDataModule``), ``prog --data.help DigitsDataModule``; else ``prog --help``."""
+    key = re.match(r'Parser key "([^"]+)"', message)
+    owner = re.search(r"Problem with given class_path '([^']+)'", message)
+    if key is not None and owner is not None:
+        name = owner[1].rpartition(".")[2]
+        return f"(`{prog} --{key[1]}.help {name}` lists the options of {name}; `{prog} --help` every option)"
+    return (
+        f"(`{prog} --help` lists every option; `{prog} --model.help CLASS`, `{prog} --data.help CLASS` a model or "
+        "data class's, e.g. ClassificationModule, ImageFolderDataModule)"
+    )
+
+
 class ShortErrorParser(LightningArgumentParser):
     """Command-line errors in a few lines, the error first: no 40-line usage, no Union-subtype dump; a dumped
     config (``--print_config``) shows the best checkpoint's monitor as the task gives it.
@@ -112,11 +126,7 @@ class ShortErrorParser(LightningArgumentParser):
             or self.unknown_group_key_message(message)
             or unknown_options_message(short_parse_message(message), self.option_names())
         )
-        sys.stderr.write(
-            f"error: {text}{hint}\n"
-            f"(`{prog} --help` lists every option; `{prog} --model.help CLASS` a model class's, "
-            "e.g. ClassificationModule)\n"
-        )
+        sys.stderr.write(f"error: {text}{hint}\n{help_hint(prog, message)}\n")
         raise SystemExit(EXIT_USER_ERROR)
 
     def option_names(self) -> list[str]:

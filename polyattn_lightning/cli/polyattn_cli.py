@@ -34,6 +34,7 @@ from .console import default_progress_bar, say_where, say_written, without_versi
 from .defaults import add_defaults, batch_limits_read_as_counts, given_short_keys, standard_off
 from .parser import renamed_options
 from .prechecks import check_config, check_moved_configs, check_yaml_syntax
+from .run_log import run_log
 from .runs import place_logs, removed_if_unstarted, resume_command, resumed_run_dir
 
 
@@ -52,7 +53,9 @@ class PolyattnCLI(LightningCLI):
         """Parse, first reading :func:`~.ckpt_path.saved_run_config` in for ``validate``/``test``/``predict`` of a
         checkpoint given without a config; then, where the model's class renames init arguments (``renamed_args``),
         parse again with each deprecated key given on the command line read as its new one
-        (:func:`~.parser.renamed_options`), so it overrides that one field where the config sets the new key."""
+        (:func:`~.parser.renamed_options`), so it overrides that one field where the config sets the new key.
+        Lightning's warning about ``args`` given beside a command line stays out where those ``args`` are that
+        command line with the saved config added."""
         self.given_args = (
             [str(arg) for arg in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
         )
@@ -64,7 +67,10 @@ class PolyattnCLI(LightningCLI):
                 f"{self.given_args[0]}: no --config given: using {saved}, the config of the checkpoint's run"
             )
             args = self.given_args = [self.given_args[0], "--config", str(saved), *self.given_args[1:]]
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            if saved is not None:  # the command line, completed here: not the mix of both that Lightning warns of
+                warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
         if not self.given_args:
             return
         subcommand = self.config.get("subcommand")
@@ -153,8 +159,9 @@ class PolyattnCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, ([progress_bar] if progress_bar else []) + callbacks)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Say where the run writes, run it, then list what it wrote (:mod:`.console`). A run that fails before its
-        first training step removes the log folder it created (:func:`~.runs.removed_if_unstarted`). ``fit``
+        """Say where the run writes, run it with its ``run.log`` (:mod:`.run_log`), then list what it wrote
+        (:mod:`.console`). A run that fails before its first training step removes the log folder it created
+        (:func:`~.runs.removed_if_unstarted`). ``fit``
         resuming in its own folder does not warn that its checkpoint folder is not empty; a Ctrl-C names the command
         that resumes (:class:`~.callbacks.StopOnSignal`), and one Lightning stopped on (before the first step, or a
         second one) exits with the same status 130, not Lightning's 1."""
@@ -164,7 +171,6 @@ class PolyattnCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path")
         run_dir = resumed_run_dir(ckpt_path) if subcommand == "fit" else None
         resumed_here = run_dir is not None and log_dir is not None and run_dir.resolve() == log_dir.resolve()
-        say_where(subcommand, log_dir, ckpt_path if resumed_here else None)
         if subcommand != "fit":  # a checkpoint's ModelCheckpoint state names its run's folder: expected here
             warnings.filterwarnings("ignore", message=r".*dirpath has changed")
         if trainer.progress_bar_callback is not None:
@@ -173,7 +179,8 @@ class PolyattnCLI(LightningCLI):
             if isinstance(callback, StopOnSignal) and self.given_args:
                 callback.resume_command = functools.partial(resume_command, self.given_args)
         try:
-            with removed_if_unstarted(log_dir, trainer), warnings.catch_warnings():
+            with removed_if_unstarted(log_dir, trainer), run_log(log_dir), warnings.catch_warnings():
+                say_where(subcommand, log_dir, ckpt_path if resumed_here else None)
                 if resumed_here:  # ModelCheckpoint's setup warns about any folder with files in it
                     own = re.escape(os.path.join(trainer.log_dir, "checkpoints"))
                     warnings.filterwarnings("ignore", message=rf"Checkpoint directory {own} exists and is not empty")
@@ -182,4 +189,4 @@ class PolyattnCLI(LightningCLI):
             if error.code == 1 and isinstance(error.__context__, KeyboardInterrupt):
                 raise SystemExit(EXIT_INTERRUPTED) from None  # Lightning's sys.exit(1) after its Ctrl-C shutdown
             raise
-        say_written(subcommand, log_dir)
+        say_written(subcommand, log_dir)  # after run.log is closed: it lists that file too

@@ -1,9 +1,10 @@
 """Where a run writes: ``runs/<task family>/<config name>/version_N``, the folder of a checkpoint's evaluation,
 the same folder again for ``fit`` resuming a run's checkpoint, and a saved config never written over.
 
-A run folder holds the config it ran with (``config.yaml``; ``config.1.yaml``... for each resumed run), its logs and
-``checkpoints/``. A checkpoint's folder tells which run it belongs to (:func:`checkpoint_run_dir`), so evaluating or
-resuming it writes beside that run's files, and a run that fails before its first step leaves no folder behind.
+A run folder holds the config it ran with (``config.yaml``; ``config.1.yaml``... for each resumed run), its logs
+(TensorBoard's, and ``run.log``: :mod:`.run_log`) and ``checkpoints/``. A checkpoint's folder tells which run it
+belongs to (:func:`checkpoint_run_dir`), so evaluating or resuming it writes beside that run's files, and a run that
+fails before its first step leaves no folder behind.
 """
 
 from __future__ import annotations

@@ -154,16 +154,20 @@ def parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> Path:
     args = parser().parse_args(argv)
     runs: dict[str, Series] = {}
+    skipped: list[str] = []
     for root in args.runs:
         for run in find_runs([root]):
             series = read_norms(run)
             if series:
                 runs[run_label(run, root)] = series
             else:
-                print(
-                    f"skipped {run}: its logs hold no attention norms (run with --callbacks_off [norms], or "
-                    "stopped before the first probe step)"
-                )
+                skipped.append(str(run.relative_to(root.parent)) if run != root else str(run))
+    if skipped:  # one line: every evaluation of a checkpoint (validate_last/...) has logs and no norms
+        print(
+            f"skipped {len(skipped)} folder{'s' * (len(skipped) != 1)} whose logs hold no attention norms "
+            f"(evaluations of a checkpoint, runs with --callbacks_off [norms] or stopped before the first probe "
+            f"step): {', '.join(skipped)}"
+        )
     if not runs:
         raise ConfigError(
             f"no attention norms logged under {', '.join(map(str, args.runs))}: the standard norms "

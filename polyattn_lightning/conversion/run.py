@@ -26,7 +26,8 @@ from .transfer import Progress, Student, TransferOptions
 def convert(
     model: nn.Module, spec: ActivationSpec, samples: Iterable[Batch], method: str = "transfer", **options: Any
 ) -> ConversionReport:
-    """Switch ``model`` to ``spec`` and convert it in place on ``samples`` (see the module docstring).
+    """Switch ``model`` to ``spec`` and convert it in place on ``samples`` (the methods:
+    :mod:`polyattn_lightning.conversion`).
 
     ``options`` are ``transfer``'s (:class:`~.transfer.TransferOptions`: ``qk``, ``rank``, ``lr``, ``steps``,
     ``patience``, ``min_delta``, ``holdout``, ``check_every``, ``layers_per_pass``, ``seed``, ``bias``); an

@@ -7,11 +7,11 @@ check, not one crashed run per file.
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from tqdm import tqdm
-
+from .. import waits
 from .base import CorruptImageError, available_cpus, read_rgb
 
 #: How many unreadable files an error message lists; ``polyattn check-data`` prints them all.
@@ -30,16 +30,25 @@ def find_unreadable_images(paths: Sequence[str], workers: int | None = None, pro
     """Every file of ``paths`` that PIL cannot decode (or that is missing), with why, from one pass over all.
 
     ``workers`` processes (default: the CPUs this process may use) decode the files in parallel;
-    ``progress`` shows a progress bar.
+    ``progress``: a check that lasts says its count, rate and time left (:class:`~polyattn_lightning.waits.Wait`,
+    on the terminal and in the run's log).
     """
     workers = workers or available_cpus(cap=None)
-    bar = dict(total=len(paths), desc="checking images", unit="img", disable=not progress, mininterval=0.5)
-    if workers == 1 or len(paths) < 2:
-        results = tqdm(map(_read_error, paths), **bar)
-        return {path: error for path, error in zip(paths, results) if error is not None}
-    with ProcessPoolExecutor(workers) as pool:
-        results = tqdm(pool.map(_read_error, paths, chunksize=max(1, min(256, len(paths) // (8 * workers)))), **bar)
-        return {path: error for path, error in zip(paths, results) if error is not None}
+    wait = waits.Wait(f"checking {len(paths)} images", total=len(paths), unit="images", after=waits.QUIET_SECONDS)
+    with wait if progress else contextlib.nullcontext():
+
+        def counted(results: Iterable[str | None]) -> Iterable[str | None]:
+            for result in results:
+                wait.add()
+                yield result
+
+        if workers == 1 or len(paths) < 2:
+            results = counted(map(_read_error, paths))
+            return {path: error for path, error in zip(paths, results) if error is not None}
+        with ProcessPoolExecutor(workers) as pool:
+            chunksize = max(1, min(256, len(paths) // (8 * workers)))
+            results = counted(pool.map(_read_error, paths, chunksize=chunksize))
+            return {path: error for path, error in zip(paths, results) if error is not None}
 
 
 def unreadable_message(bad: dict[str, str], total: int) -> str:

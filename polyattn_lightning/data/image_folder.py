@@ -7,6 +7,7 @@ from pathlib import Path
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
+from .. import waits
 from ..errors import MissingPathError
 from .base import DataModule, ImageList, available_cpus, require_dir
 from .image_check import require_readable
@@ -21,7 +22,8 @@ class ImageFolderDataModule(DataModule):
     Images are decoded lazily by the loader workers; a file PIL cannot read
     stops the run with an error naming it. Training augmentation not given is chosen from the data at ``setup``
     (:func:`~.transforms.recipe_for`: DeiT's ImageNet policy for large sets of large images, a light one otherwise)
-    and said in one info line, with why.
+    and said in one info line, with why. Indexing a large folder (ImageNet's million files) says so
+    (:class:`~polyattn_lightning.waits.Wait`) once it lasts.
     """
 
     layout = "<root>/train/<class>/<image>.JPEG and <root>/val/<class>/<image>.JPEG (one folder per class)"
@@ -69,7 +71,8 @@ class ImageFolderDataModule(DataModule):
         require_dir(Path(root).expanduser(), cls.layout)
 
     def setup(self, stage: str | None = None) -> None:
-        classes, train, val = self.find_samples(require_dir(self.root, self.layout))
+        with waits.Wait(f"{type(self).__name__}: indexing the images under {self.root}", after=waits.QUIET_SECONDS):
+            classes, train, val = self.find_samples(require_dir(self.root, self.layout))
         self.num_classes = len(classes)
         self.classes = classes  # names by class index, for predictions
         if self.check_images:

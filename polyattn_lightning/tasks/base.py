@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
-from .. import deprecated
+from .. import deprecated, waits
 from ..attention import ActivationSpec
 from ..diagnostics.probe import default_probe
 from ..errors import check_options
@@ -114,13 +114,15 @@ class TaskModule(Evaluation, pl.LightningModule, metaclass=TaskType):
             self.configure_model()
 
     def configure_model(self) -> None:
-        """Build the model once (with the values left to the data taken from it), then prepare it
-        (``tasks/preparation.py``): right after building, and again under the trainer (to convert and shard)."""
+        """Build the model once (with the values left to the data taken from it; a build that lasts says so:
+        :class:`~polyattn_lightning.waits.Wait`), then prepare it (``tasks/preparation.py``): right after building,
+        and again under the trainer (to convert and shard)."""
         new = not self.built
         if new:
             self.check_data(self._trainer.datamodule if self._trainer is not None else None)
             require_data_values(self)
-            self.build()
+            with waits.Wait(f"{type(self).__name__}: building the model", after=waits.QUIET_SECONDS):
+                self.build()
         preparation.prepare(self, new)
         self.built = True
 

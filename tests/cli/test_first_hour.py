@@ -137,6 +137,47 @@ def test_bad_input_gives_one_short_error_without_traceback(project: Path):
     assert not (project / "runs").exists()  # no empty run folder left behind by any of them
 
 
+def test_a_missing_checkpoint_lists_those_near_it_and_a_misspelled_key_names_its_class_help(project: Path):
+    run_dir = project / "runs" / "classification" / "folder" / "version_0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for name in ("best-epoch001.ckpt", "last.ckpt"):
+        (run_dir / "checkpoints" / name).write_bytes(b"not read: only listed")
+    (run_dir / "config.yaml").write_text((project / "folder.yaml").read_text())
+    (project / "elsewhere").mkdir()
+    fit = ["fit", "--config", "folder.yaml"]
+    results = run(
+        project,
+        ["validate", "--config", "folder.yaml", "--ckpt_path", str(run_dir / "checkpoints" / "bset.ckpt")],
+        ["test", "--ckpt_path", "runs/classification/folder/version_1/checkpoints/last.ckpt"],  # no --config
+        ["validate", "--config", "folder.yaml", "--ckpt_path", "runz/last.ckpt"],  # the working directory's runs/
+        ["validate", "--config", "folder.yaml", "--ckpt_path", "elsewhere/last.ckpt"],
+        [*fit, "--data.rooot", "imgs"],
+        [*fit, "--model.model_nam", "vit_tiny_patch16_224"],
+        [*fit, "--trainer.max_epoch", "1"],
+    )
+    listed = [f"  {Path('runs/classification/folder/version_0/checkpoints', name)}"
+              for name in ("best-epoch001.ckpt", "last.ckpt")]
+    for result, given, under in (
+        (results[0], run_dir / "checkpoints" / "bset.ckpt", "runs/classification/folder/version_0/checkpoints"),
+        (results[1], "runs/classification/folder/version_1/checkpoints/last.ckpt", "runs/classification/folder"),
+        (results[2], "runz/last.ckpt", "runs"),
+    ):
+        assert_short_error(result, f"--ckpt_path {given}: no such checkpoint file or sharded folder; the checkpoints "
+                           f"under {Path(under)}:\n" + "\n".join(listed) + "\n", max_lines=4)
+    assert_short_error(results[3], "--ckpt_path elsewhere/last.ckpt: no such checkpoint file or sharded folder; "
+                       "there is no checkpoint (*.ckpt) under elsewhere\n")
+    prog = "polyattn fit"
+    data_error = assert_short_error(results[4], "data.init_args.rooot is not an option of ImageFolderDataModule "
+                                    "(did you mean data.init_args.root?)")
+    assert data_error.splitlines()[1].startswith(f"(`{prog} --data.help ImageFolderDataModule` lists the options of "
+                                                 "ImageFolderDataModule"), data_error
+    model_error = assert_short_error(results[5], "model.init_args.model_nam is not an option of ClassificationModule "
+                                     "(did you mean model.init_args.model_name?)")
+    assert f"`{prog} --model.help ClassificationModule` lists the options of ClassificationModule" in model_error
+    trainer_error = assert_short_error(results[6], "did you mean --trainer.max_epochs?")
+    assert f"(`{prog} --help` lists every option;" in trainer_error and "ClassificationModule`" not in trainer_error
+
+
 def test_internal_errors_keep_their_traceback():
     @reported
     def broken():
@@ -213,6 +254,7 @@ def test_runs_report_loading_and_write_where_documented(project: Path):
         output = result["output"]
         assert result["rc"] == 0, output
         assert f"{verb}: no --config given: using {run_dir.relative_to(project)}/config.yaml" in output
+        assert "LightningCLI's args parameter" not in output  # the command line, with the config added: no warning
         assert f"to {Path('runs/classification/folder/version_0') / folder}\n" in output
     assert "test/top1" in results[6]["output"]
     again = torch.load(run_dir / "predict_last_2" / "predictions" / "rank0.pt", weights_only=True)

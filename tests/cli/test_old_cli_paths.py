@@ -78,3 +78,22 @@ def test_the_console_scripts_are_the_cli_s_main():
     for target in scripts.values():
         module, _, name = target.partition(":")
         assert getattr(importlib.import_module(module), name) is cli.main
+
+
+def test_class_paths_and_help_name_a_class_s_new_home_without_a_warning(capsys, monkeypatch):
+    """jsonargparse writes a class's shortest import path (in ``--help`` and in saved configs) by asking each parent
+    package for it by name: an old alias does not answer, so no path that goes in the next release is written and
+    ``fit --help`` prints no deprecation line."""
+    from jsonargparse._util import get_import_path
+
+    from polyattn_lightning.cli.runs import KeepingSaveConfigCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_import_path(KeepingSaveConfigCallback) == "polyattn_lightning.cli.runs.KeepingSaveConfigCallback"
+        monkeypatch.setattr("sys.argv", ["polyattn", "fit", "--help"])
+        with pytest.raises(SystemExit) as stopped:
+            cli.main()
+    assert stopped.value.code == 0
+    captured = capsys.readouterr()
+    assert "--trainer.callbacks" in captured.out and "moved to" not in captured.out + captured.err

@@ -143,7 +143,8 @@ def test_a_fit_at_the_chance_rate_says_so_in_one_line(tmp_path):
     write_config(tmp_path / "shapes.yaml", write_random_labels(tmp_path / "shapes", {
         "circle": (8, 12), "square": (4, 6), "triangle": (4, 6)}))
     fit = ["fit", "--config", "shapes.yaml", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]
-    [result] = run(tmp_path, fit)
+    # the light augmentation chosen for 16 images, then DeiT's RandAugment and random erasing, given
+    result, heavy = run(tmp_path, fit, [*fit, "--data.augment.auto_augment", "rand-m9-mstd0.5-inc1"])
     output = result["output"]
     assert result["rc"] == 0, output
     summary = json.loads((tmp_path / "runs" / "classification" / "shapes" / "version_0" / "metrics.json").read_text())
@@ -151,12 +152,19 @@ def test_a_fit_at_the_chance_rate_says_so_in_one_line(tmp_path):
     assert summary["chance"]["rate"] == 0.5 and summary["at_chance"] is True
     assert best <= 0.5 + 2 * math.sqrt(0.25 / 24)
     [line] = [line for line in output.splitlines() if "the chance rate" in line]
-    assert line == (
-        f"val/top1 ended at the chance rate (0.500, majority class of 24 validation images): best {best:.3f}; try "
-        "lighter augmentation on small data (--data.augment.auto_augment null --data.augment.re_prob 0); "
+    tips = (
         "a lower learning rate (--model.optim.lr 5e-05; this run: 0.0005); "
         "more epochs (--trainer.max_epochs 6; this run: 2); "
         "softmax attention to compare (--model.attention softmax; this run: poly3)"
     )
+    assert line == (
+        f"val/top1 ended at the chance rate (0.500, majority class of 24 validation images): best {best:.3f}; try "
+        + tips
+    )
+    assert heavy["rc"] == 0, heavy["output"]
+    [heavy_line] = [line for line in heavy["output"].splitlines() if "the chance rate" in line]
+    assert heavy_line.endswith(
+        "; try lighter augmentation on small data (--data.augment.auto_augment null --data.augment.re_prob 0); " + tips
+    ), heavy_line
     assert output.splitlines().index(line) > output.splitlines().index("  chance rate: 0.5000 (majority class of "
                                                                          "24 validation images)")

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from polyattn_lightning import convert
+from polyattn_lightning.cli.run_log import run_log
 from polyattn_lightning.conversion import transfer
 from polyattn_lightning.conversion.holdout import GAP, MIN_HELD_OUT, gap, repeated, split
 from polyattn_lightning.conversion.report import ConversionReport
@@ -255,3 +256,19 @@ def test_the_lines_between_checks_come_only_when_the_last_is_progress_seconds_ol
         "convert transfer: layer 1 of 2",
         "convert transfer: layer 2 of 2",
     ]
+
+
+def test_the_lines_reach_the_run_log_layer_by_layer(monkeypatch, tmp_path):
+    """Under the CLI the transfer runs inside ``fit`` (the convert step), where ``run.log`` receives Lightning's
+    logger: its lines are in that file, in order."""
+    monkeypatch.setattr(transfer, "PROGRESS_SECONDS", 0.0)
+    samples = cm.token_samples(batches=4, rows=8)
+    with run_log(tmp_path) as path:
+        convert(cm.llama(), "poly3", samples, "transfer", steps=12, check_every=5, layers_per_pass=1)
+    lines = [line.split(" INFO ", 1)[1] for line in path.read_text().splitlines() if " INFO convert transfer" in line]
+    assert lines[0].startswith("convert transfer: 2 layers on 24 samples")
+    stops = [i for i, line in enumerate(lines) if re.match(r"convert transfer: layer \d of 2 stopped at step", line)]
+    assert [lines[i].split(" of 2")[0] for i in stops] == ["convert transfer: layer 1", "convert transfer: layer 2"]
+    first = [i for i, line in enumerate(lines) if line.startswith("convert transfer: layer 1 of 2, step ")]
+    second = [i for i, line in enumerate(lines) if line.startswith("convert transfer: layer 2 of 2, step ")]
+    assert first and second and max(first) < stops[0] < min(second) <= max(second) < stops[1]

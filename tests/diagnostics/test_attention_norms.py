@@ -143,10 +143,17 @@ def test_callbacks_log_norms_and_maps_and_leave_training_bitwise_unchanged(tmp_p
     out = tmp_path / "norms.png"
     (tmp_path / "with" / "no_norms").mkdir()
     (tmp_path / "with" / "no_norms" / "metrics.csv").write_text("step,train/loss\n0,2.3\n")  # a run without them
+    for evaluation in ("validate_last", "test_last_2"):  # a checkpoint's evaluations: logs without norms
+        (tmp_path / "with" / "no_norms" / evaluation).mkdir()
+        (tmp_path / "with" / "no_norms" / evaluation / "metrics.csv").write_text("step,val/loss\n0,2.3\n")
     cli.main(["norms", str(tmp_path / "with"), "--layer", "2", "--out", str(out)])
     assert out.stat().st_size > 10_000
     printed = capsys.readouterr().out
-    assert f"skipped {tmp_path / 'with' / 'no_norms'}: its logs hold no attention norms" in printed
+    [skipped] = [line for line in printed.splitlines() if line.startswith("skipped")]
+    assert skipped == (
+        "skipped 3 folders whose logs hold no attention norms (evaluations of a checkpoint, runs with --callbacks_off "
+        "[norms] or stopped before the first probe step): with/no_norms, with/no_norms/test_last_2, "
+        "with/no_norms/validate_last")
     assert "(2 runs)" in printed  # the TensorBoard and the CSV run
 
     # the probe travels in checkpoints (a resumed run measures the same samples), loadable with weights_only

@@ -5,19 +5,19 @@ Modelled on xformers' ``ops/fmha``: each backend module holds one :class:`~.base
 what it supports (``supports``), why it cannot take given inputs (``not_supported_reasons``), why ``auto`` should
 leave inputs it could take to another (``declined_reasons``), optionally a cost, and runs them in its forms.
 
-============== ======================================================================================
-``sdpa``        softmax, on PyTorch's fused SDPA (``sdpa.py``)
-``associative`` poly1 as ``q (k^T v)``: exact, linear in N, causal by chunked prefix sums; a step from a state
-                (``associative.py``)
-``power``       poly2-poly4 as ``m(q) (w m(k)^T v)``: exact, linear in N, C++ and Triton; a step from a state
-                (``power/``: parallel, recurrent and naive forms)
-``triton``      the fused CUDA kernel (``triton/``: launch tables, jit code, operators, self-check)
-``fused_cpu``   the fused C++ CPU kernel, and a KV-cache step in one call (``fused_cpu.py``, sources in ``csrc/``,
-                built by ``base/cpp.py``)
-``blocked``     tiles in plain PyTorch, any elementwise activation, CPU and GPU (``blocked.py``)
+================ ======================================================================================
+``sdpa``         softmax, on PyTorch's fused SDPA (``sdpa.py``)
+``associative``  poly1 as ``q (k^T v)``: exact, linear in N, causal by chunked prefix sums; a step from a state
+                 (``associative.py``)
+``power``        poly2-poly4 as ``m(q) (w m(k)^T v)``: exact, linear in N, C++ and Triton; a step from a state
+                 (``power/``: parallel, recurrent and naive forms)
+``triton``       the fused CUDA kernel (``triton/``: launch tables, jit code, operators, self-check)
+``fused_cpu``    the fused C++ CPU kernel, and a KV-cache step in one call (``fused_cpu.py``, sources in ``csrc/``,
+                 built by ``base/cpp.py``)
+``blocked``      tiles in plain PyTorch, any elementwise activation, CPU and GPU (``blocked.py``)
 ``materialized`` the whole ``N x N`` at once: a reference, never picked by ``auto`` for a parallel call; its
                  KV-cache step is (``materialized.py``)
-============== ======================================================================================
+================ ======================================================================================
 
 ``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs; when that one
 states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead (the quadratic
@@ -85,6 +85,7 @@ BACKENDS: dict[str, Backend] = {
         materialized.BACKEND,
     )
 }
+#: The backends ``kernel="auto"`` considers, in the order it tries them (a backend run only when named is left out).
 PRIORITY: tuple[str, ...] = tuple(name for name, backend in BACKENDS.items() if backend.in_auto)
 #: What ``attention(kernel=...)`` accepts.
 KERNELS: tuple[str, ...] = ("auto", *BACKENDS)

@@ -60,6 +60,7 @@ class AttentionInputs(NamedTuple):
     key_padding_mask: Tensor | None = None
 
 
+#: A ``capture`` hook: a switched module calls it with itself and what it attends just before ``attention()``.
 Capture = Callable[[nn.Module, AttentionInputs], None]
 
 

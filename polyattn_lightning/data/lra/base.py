@@ -30,6 +30,7 @@ from torch.utils.data import Dataset, Subset
 from ...errors import ConfigError, DataError, MissingPathError
 from ..base import DataModule
 
+#: the token id of padding in every LRA vocabulary (padded positions are masked out of attention)
 PAD_ID = 0
 #: batches are padded to a multiple of this many tokens
 PAD_MULTIPLE = 64

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...checkpoint import checkpoint_safe
 from ...errors import DataError
+from ...waits import Wait
 from ..generated import cache_root, staged_dir
 from .base import LRADataModule, SequenceBuilder, TokenDataset, parse_label
 
@@ -142,15 +143,18 @@ def _tree(rng: random.Random, depth: int, spec: ListOpsSpec) -> tuple[str, int, 
     return text, _apply(op, [value for _, value, _ in children]), 2 + sum(length for _, _, length in children)
 
 
-def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
-    """Distinct expressions with their values, split into train/val/test in the order drawn."""
+def generate(spec: ListOpsSpec, wait: Wait | None = None) -> dict[str, list[tuple[str, int]]]:
+    """Distinct expressions with their values, split into train/val/test in the order drawn; each new one counted
+    on ``wait``."""
     rng = random.Random(spec.seed)
     total = spec.num_train + spec.num_val + spec.num_test
     samples: dict[str, int] = {}
     while len(samples) < total:
         text, value, length = _tree(rng, 1, spec)
-        if spec.min_length < length < spec.max_length:
-            samples.setdefault(text, value)
+        if spec.min_length < length < spec.max_length and text not in samples:
+            samples[text] = value
+            if wait is not None:
+                wait.add()
     rows = list(samples.items())
     ends = np.cumsum([spec.num_train, spec.num_val, spec.num_test])
     return {
@@ -167,10 +171,14 @@ def write_tsv(rows: list[tuple[str, int]], path: Path) -> None:
 
 
 def write_dataset(spec: ListOpsSpec, root: Path) -> Path:
-    """Generate and write ``root/listops-1000/basic_{train,val,test}.tsv``; atomic, so a reader never sees half."""
-    with staged_dir(root) as staging:  # another process that finished first wrote the same files
+    """Generate and write ``root/listops-1000/basic_{train,val,test}.tsv``; atomic, so a reader never sees half.
+    It says so (:class:`~polyattn_lightning.waits.Wait`): expressions drawn, their rate, the time left, and an
+    estimate after the first second where the whole takes more than a minute."""
+    total = spec.num_train + spec.num_val + spec.num_test
+    wait = Wait(f"drawing {total} ListOps expressions", total=total, unit="expressions")
+    with staged_dir(root) as staging, wait:  # another process that finished first wrote the same files
         (staging / "listops-1000").mkdir()
-        for split, rows in generate(spec).items():
+        for split, rows in generate(spec, wait).items():
             write_tsv(rows, staging / "listops-1000" / f"basic_{split}.tsv")
     return Path(root)
 

@@ -32,17 +32,19 @@ within each pair of images (a seeded coin decides the order): classes balanced t
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from ...checkpoint import checkpoint_safe
 from ...errors import ConfigError
+from ...waits import Wait
 from ..generated import cache_root, staged_dir
 
 #: LRA's difficulties: the dashes per target path.
@@ -304,11 +306,24 @@ def write_dataset(
 ) -> Path:
     """Generate ``root/pathfinder<res>/<difficulty>/`` (images and metadata); atomic, so a reader never sees half.
 
-    ``workers`` processes draw the folders in parallel (the images do not depend on it).
+    ``workers`` processes draw the folders in parallel (the images do not depend on it). ``progress``: say it
+    (:class:`~polyattn_lightning.waits.Wait`): the count of images drawn, their rate and the time left, and first,
+    where the whole is expected to take more than a minute, an estimate from one image drawn beforehand.
     """
     geometry(resolution, difficulty)
     all_labels = labels(spec, resolution)
-    with staged_dir(root) as staging:  # another process that finished first wrote the same files
+    parallel = min(workers, -(-spec.num_images // spec.images_per_folder))
+    wait = Wait(f"drawing {spec.num_images} pathfinder{resolution} images", total=spec.num_images, unit="images")
+    if progress:  # one image timed, for the estimate said first
+        started = time.perf_counter()
+        draw_image(resolution, difficulty, int(all_labels[0]), np.random.default_rng([spec.seed, resolution, 0]))
+        seconds = time.perf_counter() - started
+    with staged_dir(root) as staging, wait if progress else contextlib.nullcontext():
+        if progress:
+            wait.estimate(
+                seconds * spec.num_images / parallel,
+                f"one image took {seconds:.3g} s; {parallel} worker process{'es' if parallel > 1 else ''}",
+            )
         base = staging / f"pathfinder{resolution}" / difficulty
         (base / "metadata").mkdir(parents=True)
         starts = range(0, spec.num_images, spec.images_per_folder)
@@ -324,12 +339,11 @@ def write_dataset(
             )
             for k, start in enumerate(starts)
         ]
-        bar = dict(total=len(jobs), desc=f"pathfinder{resolution}", unit="folder", disable=not progress)
-        if workers > 1 and len(jobs) > 1:
-            with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
-                folders = list(tqdm(pool.map(_write_folder, jobs), **bar))
-        else:
-            folders = list(tqdm(map(_write_folder, jobs), **bar))
+        with ProcessPoolExecutor(parallel) if parallel > 1 else contextlib.nullcontext() as pool:
+            folders = []
+            for lines in pool.map(_write_folder, jobs) if pool is not None else map(_write_folder, jobs):
+                folders.append(lines)
+                wait.add(len(lines))
         for k, lines in enumerate(folders):
             (base / "metadata" / f"{k}.npy").write_text("\n".join(lines) + "\n")
     return Path(root)

@@ -5,7 +5,9 @@ The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 time a process needs them, then loaded from there. The build takes 12-16 s on
 a 2-core machine at load 1.3 and 30-80 s at load 2-3.6 (measured with
 ``python -c "from polyattn_lightning.attention.kernels.base import cpp; cpp.build()"``
-with no build of the current name); one line on stderr says so before it starts.
+with no build of the current name). It talks (:class:`~polyattn_lightning.waits.Wait`): a line when it starts
+saying why it takes time, the elapsed time in place on a terminal, a line every 10 s in the run's log, and the
+time it took.
 
 The build is keyed by content and environment: its name holds the CPU's vector
 extensions (so nodes of different CPU generations sharing a home directory
@@ -26,6 +28,7 @@ kernels off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -38,6 +41,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from ....waits import Wait
 
 CSRC = Path(__file__).parents[1] / "csrc"
 #: The translation units; every ``*.cpp`` / ``*.h`` in ``csrc/`` also goes into the build key.
@@ -122,19 +127,20 @@ def build(csrc: Path = CSRC) -> Path:
             partial = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
             shutil.copyfile(path, partial)
             os.replace(partial, target)
-    if not (directory / f"{name}.so").exists():  # the one pause a user would otherwise wonder about
-        sys.stderr.write(
-            f"compiling the C++ attention kernels for this CPU: about 15 s, up to 80 s when the CPU is busy "
-            f"(once per environment; cached in {directory})\n"
-        )
-        sys.stderr.flush()
-    cpp_extension.load(
-        name=name,
-        sources=[str(source_dir / source) for source in SOURCE_NAMES],
-        extra_cflags=cflags(capability),
-        build_directory=str(directory),
-        is_python_module=False,
+    built = (directory / f"{name}.so").exists()
+    wait = Wait(  # the one pause a user would otherwise wonder about
+        "compiling the C++ attention kernels for this CPU",
+        f"gcc compiles {len(SOURCE_NAMES)} sources against torch's headers: about 15 s, minutes when the CPU is "
+        f"busy (once per environment; cached in {directory})",
     )
+    with contextlib.nullcontext() if built else wait:
+        cpp_extension.load(
+            name=name,
+            sources=[str(source_dir / source) for source in SOURCE_NAMES],
+            extra_cflags=cflags(capability),
+            build_directory=str(directory),
+            is_python_module=False,
+        )
     if not _loaded:
         _register_fakes()
     _loaded["name"] = name
