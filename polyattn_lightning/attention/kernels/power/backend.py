@@ -19,6 +19,9 @@ CUDA_MAX_HEAD_DIM = 128
 
 
 class Power(RecurrentForm, Backend):
+    """The ``power`` backend: poly2-poly4 in linear time, its parallel form (C++ on CPU, Triton on CUDA) and its
+    recurrent form (a step from a state, :class:`~.recurrent.RecurrentForm`)."""
+
     name = "power"
     supports = (
         "poly2-poly4, exact in linear time (memory O(N d + D dv)), key padding, causal, grouped-query heads, a step "
@@ -61,4 +64,5 @@ class Power(RecurrentForm, Backend):
         return power_attention(i.q, i.k, i.v, i.act, i.t, i.allowed, i.n, i.causal)
 
 
+#: The backend ``kernels.dispatch`` lists.
 BACKEND = Power()

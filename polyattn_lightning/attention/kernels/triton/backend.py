@@ -14,6 +14,7 @@ from .launch import fp32_precision, interpreting
 
 #: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The largest head dim (of q, k and v) the kernels' tiles are sized for.
 MAX_HEAD_DIM = 256
 
 
@@ -24,6 +25,8 @@ def triton_available() -> bool:
 
 
 class Triton(Backend):
+    """The ``triton`` backend: the fused CUDA kernel (the package's docstring says what it computes and how)."""
+
     name = "triton"
     supports = (
         "CUDA tensors (CPU under TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256, the built-in forms, "
@@ -76,4 +79,5 @@ class Triton(Backend):
         return triton_attention(*inputs.tiled)
 
 
+#: The backend ``kernels.dispatch`` lists.
 BACKEND = Triton()
