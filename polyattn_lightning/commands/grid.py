@@ -40,7 +40,8 @@ from ..grids.folder import (
 from ..grids.spec import cells, check_keys, read_grid
 
 #: The launchers: ``--launcher NAME`` runs ``launch(jobs, log, settings)`` of the module (settings: the grid
-#: file's ``launcher.<name>`` mapping and ``parallel``), which returns a ``grids.local.Launched`` when they end.
+#: file's ``launcher.<name>`` mapping and ``parallel``), which returns a ``grids.local.Launched`` when they end;
+#: ``--dry-run`` also prints its ``describe(jobs, folder, settings)`` where it has one.
 LAUNCHERS = {"local": "polyattn_lightning.grids.local", "slurm": "polyattn_lightning.grids.slurm"}
 #: The module that writes a grid's tables and figures (``write_report(grid_dir)``).
 REPORT_MODULE = "polyattn_lightning.grids.report"
@@ -89,16 +90,14 @@ def run(args) -> int:
     grid_cells = cells(spec)
     folder = args.out or default_dir(spec)
     check_keys(spec)
-    if args.dry_run:
-        return dry_run(spec, grid_cells, folder)
     launcher = LAUNCHERS[args.launcher]
-    if importlib.util.find_spec(launcher) is None:
-        raise ConfigError(f"--launcher {args.launcher}: not yet available in this version; use --launcher local")
+    settings = {**spec.launcher.get(args.launcher, {}), "parallel": args.parallel}
+    if args.dry_run:
+        return dry_run(spec, grid_cells, folder, importlib.import_module(launcher), settings)
     prepare(folder, spec, grid_cells)
     log = GridLog(folder)
     log.say(f"grid {spec.name}: {len(grid_cells)} cells in {folder} ({spec.path})")
     jobs, skipped = plan(spec, grid_cells, folder, log)
-    settings = {**spec.launcher.get(args.launcher, {}), "parallel": args.parallel}
     launched = importlib.import_module(launcher).launch(jobs, log, settings)
     states = [state.state for state in launched.states.values()]
     counts = {
@@ -146,10 +145,13 @@ def plan(spec, grid_cells, folder: Path, log: GridLog) -> tuple[list, int]:
     return jobs, skipped
 
 
-def dry_run(spec, grid_cells, folder: Path) -> int:
-    """List every cell with its state in ``folder`` and the command a run would give it; write nothing."""
+def dry_run(spec, grid_cells, folder: Path, launcher, settings: dict) -> int:
+    """List every cell with its state in ``folder`` and the command a run would give it, then what the launcher
+    would do with them where it says (its ``describe(jobs, folder, settings)``: SLURM's sbatch script); write
+    nothing."""
     exists = check_folder(folder, spec, grid_cells)
     print(f"grid {spec.name}: {len(grid_cells)} cells in {folder}" + ("" if exists else " (a new folder)"))
+    jobs = []
     for cell in grid_cells:
         state = cell_state(cell_dir(folder, cell)) if exists else CellState(NOT_STARTED)
         planned = job(spec, folder, cell, state)
@@ -159,6 +161,9 @@ def dry_run(spec, grid_cells, folder: Path) -> int:
         print(f"{cell.name}: {state.state}{f' ({state.detail})' if state.detail else ''} -> {action}")
         if planned is not None:
             print(f"    {shlex.join(planned.argv)}")
+            jobs.append(planned)
+    if hasattr(launcher, "describe"):
+        print(launcher.describe(jobs, folder, settings))
     return 0
 
 
