@@ -43,7 +43,8 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     f"{_A}.blocked": (f"{_KERNELS}.blocked",),
     f"{_A}.associative": (f"{_KERNELS}.associative",),
     f"{_A}.fused_cpu": (f"{_KERNELS}.fused_cpu",),
-    f"{_A}.cpp": (f"{_KERNELS}.cpp",),
+    f"{_A}.cpp": (f"{_KERNELS}.base.cpp",),
+    f"{_KERNELS}.cpp": (f"{_KERNELS}.base.cpp",),
     f"{_A}.triton_kernel": (f"{_KERNELS}.triton.op", f"{_KERNELS}.triton.launch", f"{_KERNELS}.triton"),
     f"{_A}.triton_selfcheck": (f"{_KERNELS}.triton.selfcheck",),
     f"{_A}.triton_static": (f"{_PACKAGE}.bench.triton_compile",),
@@ -85,6 +86,26 @@ MOVED_ATTRIBUTES: dict[tuple[str, str], tuple[str, str]] = {
         for name in ("capture_rng_state", "restore_rng_state")
     },
     (f"{_PACKAGE}.tasks", "create_timm_model"): (f"{_PACKAGE}.models.timm_builder", "create_timm_model"),
+    **{
+        (f"{_KERNELS}.power", name): (f"{_KERNELS}.base.state", name)
+        for name in ("monomials", "device_monomials", "features", "monomial_count", "power_of")
+    },
+    (f"{_KERNELS}.power", "state_size"): (f"{_KERNELS}.base.state", "monomial_count"),
+    (f"{_KERNELS}.power", "key_keep"): (f"{_KERNELS}.base.layout", "key_keep"),
+    (f"{_KERNELS}.power", "LENGTH_SCALE_CODES"): (f"{_KERNELS}.power.recurrent", "LENGTH_SCALE_CODES"),
+    **{
+        (f"{_KERNELS}.power", name): (f"{_KERNELS}.power.parallel", name)
+        for name in ("PowerAttentionCPU", "CausalPowerAttentionCPU", "CHUNK_ELEMENTS")
+    },
+    **{
+        (module, "Probe"): (f"{_SWITCH}.hf.switching", "Probe")
+        for module in (f"{_SWITCH}.hf", f"{_SWITCH}.hf.interface")
+    },
+    **{(f"{_SWITCH}.timm", name): (f"{_SWITCH}.timm.switching", name) for name in ("Probe", "log")},
+    (f"{_SWITCH}.hf.interface", "DECODE_ROWS"): (f"{_KERNELS}.base.contract", "STEP_ROWS"),
+    (f"{_SWITCH}.hf", "SAVED_IMPLEMENTATION_KEY"): (f"{_SWITCH}.hf.saved", "SAVED_IMPLEMENTATION_KEY"),
+    (f"{_SWITCH}.hf", "PROBE_ACTIVATION"): (f"{_SWITCH}.hf.switching", "PROBE_ACTIVATION"),
+    (f"{_SWITCH}.hf", "MAP_LAYOUTS"): (f"{_SWITCH}.hf.classes", "MAP_LAYOUTS"),
     **{
         (_CLI, name): (f"{_CLI}.{module}", name)
         for module, names in {
@@ -144,6 +165,29 @@ REMOVED_ATTRIBUTES: dict[tuple[str, str], str] = {
     (f"{_A}.hf_calibration", "fold_temperatures"): (
         "polyattn_lightning.convert(model, activation, samples, method='calibrate'), which also folds the "
         "temperatures into the query projections"
+    ),
+    (f"{_KERNELS}.fused_cpu", "decode_with"): (
+        "attention(q, k, v, activation, temperature=t): a KV-cache step there runs the same C++ call, resolved once "
+        "per activation by the kernels (or fused_cpu.decode)"
+    ),
+    (f"{_SWITCH}.hf.interface", "materialized_step"): (
+        "polyattn_lightning.attention.kernels.materialized.materialized_step, which returns (B, H, R, dv) "
+        "(attention()'s layout, not HF's)"
+    ),
+    (f"{_KERNELS}.power", "fold"): (
+        "polyattn_lightning.attention.recurrent_state(k, v, activation, key_padding_mask=...), which returns the "
+        "state (a RecurrentState: kv and count together)"
+    ),
+    (f"{_KERNELS}.power", "row_scales"): (
+        "polyattn_lightning.attention.kernels.base.layout.per_row(act.row_scale(n), batch, heads, rows, dtype)"
+    ),
+    (f"{_KERNELS}.power", "step"): (
+        "polyattn_lightning.attention.attention(q, k, v, activation, state=state, is_causal=True), which picks the "
+        "recurrent form (kernel_choice(..., state=state) says which)"
+    ),
+    (f"{_SWITCH}.hf.interface", "probing"): (
+        "set_attention(model, activation, probe=...): its probe forward gives every module of the model the probe's "
+        "activation and a counting capture meanwhile"
     ),
 }
 
@@ -238,9 +282,11 @@ def _asked_for_an_import_path() -> bool:
 
 def attribute(module: str, name: str, lazy: dict[str, str] | None = None):
     """A package ``__getattr__``'s answer: a name of ``lazy`` (name -> the module it is imported from on first use),
-    or a moved name of a module that still exists, with the deprecation line."""
+    or a moved name of a module that still exists, with the deprecation line (a removed one: what replaced it)."""
     if lazy and name in lazy:
         return getattr(importlib.import_module(lazy[name]), name)
+    if (module, name) in REMOVED_ATTRIBUTES:
+        raise AttributeError(f"{module}.{name} was removed; use {REMOVED_ATTRIBUTES[module, name]}")
     moved = MOVED_ATTRIBUTES.get((module, name))
     if moved is None or _asked_for_an_import_path():
         raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -97,10 +97,12 @@ class Activation:
         """``(c(n), b(n))`` for one key count, as floats: a decoding step, where every row attends all ``n``
         keys (:meth:`row_scale` / :meth:`row_shift` in double precision, without a tensor op)."""
         n = max(n, 1)
-        if isinstance(self.scale, str):
-            scale = {"inv_sqrt_n": n**-0.5, "inv_n": 1.0 / n, "none": 1.0}[self.scale]
+        if self.scale == "inv_sqrt_n":
+            scale = n**-0.5
+        elif self.scale == "inv_n":
+            scale = 1.0 / n
         else:
-            scale = float(self.scale)
+            scale = 1.0 if self.scale == "none" else float(self.scale)
         return scale, -math.log(n) if self.shift == "neg_log_n" else 0.0
 
     @property

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ..attention import attention
-from ..attention.kernels import cpp
+from ..attention.kernels.base import cpp
 from ..attention.kernels import KERNELS
 from ..errors import ArgumentParser
 from .timing import machine, step_peak_bytes, write_report

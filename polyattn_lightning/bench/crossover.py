@@ -9,7 +9,7 @@ For each power, head dim, causality and mode (``train``: forward+backward; ``for
 crossover is where their time ratio crosses 1, interpolated in log-log between the two lengths around it;
 from there on the linear form stays faster at every measured length (a later return above 1 moves it). The
 sweep of one row stops once the linear form has been 1.5x faster at two lengths in a row. ``null``: not
-within the lengths. ``quadratic_seconds``, the seconds per unit of the quadratic cost model (``kernels/base.py``:
+within the lengths. ``quadratic_seconds``, the seconds per unit of the quadratic cost model (``kernels/base/costs.py``:
 ``B H pairs (d + dv)``), is the median over the non-causal ``train`` points of length >= 2,048.
 
 ``--placeholder KEY`` writes an unmeasured entry for a device from the FLOP model instead (the GPUs until

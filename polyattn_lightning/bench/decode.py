@@ -8,8 +8,9 @@ Per layer (batch 1, ``--heads`` heads, one token, fp32), at each context length 
 
 * ``sdpa``: ``F.scaled_dot_product_attention`` of the new query over a preallocated K/V of N tokens (softmax;
   what HF's ``sdpa`` runs per token, without the cache's append);
-* ``kv``: this project's KV-cache step (``switch/hf/interface.decode_step``) over the same K/V;
-* ``state``: the recurrent step (``kernels/power.step``: fold the token's key into ``S``, read it with its query).
+* ``kv``: this project's KV-cache step (``attention()`` on one row, no mask, no gradient) over the same K/V;
+* ``state``: the step from a recurrent state (``attention(..., state=...)``: fold the token's key into ``S``, read
+  it with its query).
 
 The state step does not depend on N (its time should be flat from 1k to 32k); the goals are at 32k: poly1 >= 10x, poly2
 (d = 64) >= 5x, poly3 (d = 32) >= 3x faster than ``sdpa``. ``--write`` records, per power and head dim, the
@@ -28,8 +29,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..attention import get_activation
-from ..attention.kernels import base, power
+from ..attention import attention, get_activation
+from ..attention.functional import recurrent_state
+from ..attention.kernels import base
 from ..errors import ArgumentParser
 from .hf import LLAMA
 from .timing import crossing, interleaved, machine, write_report, write_table_rows
@@ -44,11 +46,7 @@ def layer_steps(p: int, d: int, n: int, heads: int, steps: int) -> dict:
     keys, values = torch.randn(1, heads, n, d, generator=g), torch.randn(1, heads, n, d, generator=g)
     q, k, v = (torch.randn(1, heads, 1, d, generator=g) for _ in range(3))
     act, t = get_activation(f"poly{p}"), d**-0.5
-    state = torch.zeros(1, heads, power.state_size(d, p), d)
-    count = torch.zeros(1, heads)
-    power.fold(state, count, keys, values, torch.ones(1, n, dtype=torch.bool), p)
-    keep = torch.ones(1, 1, dtype=torch.bool)
-    from ..attention.switch.hf.interface import decode_step
+    state = recurrent_state(keys, values, act)
 
     def repeat(fn):
         def run(_):
@@ -60,8 +58,8 @@ def layer_steps(p: int, d: int, n: int, heads: int, steps: int) -> dict:
 
     return {
         "sdpa": repeat(lambda: F.scaled_dot_product_attention(q, keys, values)),
-        "kv": repeat(lambda: decode_step(q, keys, values, act, t)),
-        "state": repeat(lambda: power.step(q, k, v, keep, state, count, act, t)),
+        "kv": repeat(lambda: attention(q, keys, values, act, temperature=t)),
+        "state": repeat(lambda: attention(q, k, v, act, temperature=t, state=state)),
     }
 
 

@@ -141,7 +141,8 @@ def attention_calls(cache: int, calls: int) -> dict:
 
     from ..attention import set_attention
     from ..attention import get_activation
-    from ..attention.switch.hf.interface import materialized_step, polyattn_attention
+    from ..attention.kernels.materialized import materialized_step
+    from ..attention.switch.hf.interface import polyattn_attention
 
     base = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa")).eval()
     module = base.model.layers[0].self_attn

@@ -107,7 +107,7 @@ def write_report(report: dict, path: str | os.PathLike | None) -> None:
 
 def write_table_rows(path: str | os.PathLike, device_key: str, rows: list[dict], **fields) -> None:
     """Merge measured crossover ``rows`` (``{p, d, causal, mode, n}``) into ``device_key``'s entry of the
-    crossover table at ``path`` (``kernels/base.py`` reads it), replacing rows of the same key, and mark the
+    crossover table at ``path`` (``kernels/base/costs.py`` reads it), replacing rows of the same key, and mark the
     entry measured; ``fields`` (``quadratic_seconds``, ``command``, ``load``) are recorded with it (``command`` and
     ``load`` per writing command, under ``measured_by``)."""
     path = Path(path)

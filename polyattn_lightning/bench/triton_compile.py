@@ -76,7 +76,7 @@ def _meta(*shape, dtype=torch.float32):
 def linear_launches(case: Case) -> list[tk.Launch]:
     """The linear form's programs on meta tensors (batch 2, 4 heads on 2 kv heads, ``d = dv``): the state of the
     keys, its reading by the queries and the gradient through the query features (dK's is the same program)."""
-    from ..attention.kernels.power import device_monomials
+    from ..attention.kernels.base.state import device_monomials
     from ..attention.kernels.triton import power_op
 
     dtype = getattr(torch, case.dtype)

@@ -18,7 +18,7 @@ from ..checkpoint import atomic_save
 from ..errors import ArgumentParser, ConfigError
 from ..sharding import read_consolidated
 from ..sharding.checkpoints import TASK_KEY, check_sharded_folder, in_memory_file, read_meta
-from ..tasks.hf import check_export_dir
+from ..tasks.export import check_export_dir
 from .maps import module_class
 
 

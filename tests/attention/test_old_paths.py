@@ -60,6 +60,7 @@ USED = {
     "polyattn_lightning.attention.associative": ["associative", "CAUSAL_CHUNK"],
     "polyattn_lightning.attention.fused_cpu": ["key_lengths", "FusedCPUAttention"],
     "polyattn_lightning.attention.cpp": ["load", "build_name"],
+    "polyattn_lightning.attention.kernels.cpp": ["load", "build_name", "SOURCES"],
     "polyattn_lightning.attention.triton_kernel": ["launch_config", "TritonAttention", "_SHORT"],
     "polyattn_lightning.attention.triton_selfcheck": ["dropout_keep", "triton_verified"],
     "polyattn_lightning.attention.triton_static": ["Case", "compile_case"],
@@ -105,10 +106,10 @@ def test_every_old_path_imports_warns_once_and_has_its_names():
         new = (deprecated._targets(old) or [None])[0]
         assert len(seen["warnings"]) == 1 and f"{old} moved to {new}" in seen["warnings"][0], (old, seen["warnings"])
         assert set(seen["found"]) == set(USED[old])
-    for name, (identical, warnings, kept) in report["attributes"].items():
+    for name, (identical, lines, kept) in report["attributes"].items():
         assert identical, f"{name} is not the object of its new home"
         if not kept:  # a name the module still imports for itself, or one of an alias module, needs no second line
-            assert len(warnings) == 1 and "moved to" in warnings[0], (name, warnings)
+            assert len(lines) == 1 and "moved to" in lines[0], (name, lines)
 
 
 def test_a_removed_name_says_what_replaced_it():
@@ -118,6 +119,23 @@ def test_a_removed_name_says_what_replaced_it():
 
     with pytest.raises(AttributeError, match=r"hf_calibration.fold_temperatures was removed; use .*convert\("):
         hf_calibration.fold_temperatures
+
+
+@pytest.mark.parametrize(
+    "module, name, replacement",
+    [
+        ("polyattn_lightning.attention.kernels.power", "fold", r"recurrent_state\(k, v, activation"),
+        ("polyattn_lightning.attention.kernels.power", "step", r"attention\(q, k, v, activation, state=state"),
+        ("polyattn_lightning.attention.kernels.fused_cpu", "decode_with", r"attention\(q, k, v, activation"),
+        ("polyattn_lightning.attention.switch.hf.interface", "materialized_step", r"kernels.materialized"),
+        ("polyattn_lightning.attention.switch.hf.interface", "probing", r"set_attention\(model, activation, probe="),
+    ],
+)
+def test_a_decoding_name_that_went_says_what_replaced_it(module, name, replacement):
+    """The recurrent form's functions took a state and its count apart and stepped outside ``pick()``; their
+    replacements take a ``RecurrentState`` through ``attention()``."""
+    with pytest.raises(AttributeError, match=rf"{module}.{name} was removed; use .*{replacement}"):
+        getattr(importlib.import_module(module), name)
 
 
 #: The old doors: every old module path whose ``set_attention`` code switched models with.

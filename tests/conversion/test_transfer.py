@@ -5,6 +5,7 @@ report (JSON, figure) says what happened."""
 from __future__ import annotations
 
 import json
+import zipfile
 
 import conversion_models as cm
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from polyattn_lightning import convert
 from polyattn_lightning.attention import attention_modules, set_attention
+from polyattn_lightning.checkpoint import load_checkpoint
 from polyattn_lightning.conversion import ConvertRecipe, attention_layers
 from polyattn_lightning.conversion.transfer import Student, TransferOptions, homogeneous_degree
 from polyattn_lightning.diagnostics.norms import probe_attention, select_layers
@@ -190,3 +192,18 @@ def test_an_unknown_option_is_refused_in_one_line_naming_the_closest_and_all_bef
         r"got 1.5",
     ):
         convert(model, "poly3", cm.token_samples(batches=1), "transfer", holdout=1.5)
+
+
+def test_a_checkpoint_naming_the_recipe_by_its_package_still_loads(tmp_path, monkeypatch):
+    """Checkpoints written while ``ConvertRecipe`` lived in ``conversion/__init__.py`` name it
+    ``polyattn_lightning.conversion.ConvertRecipe``; a ``weights_only`` load still takes them."""
+    recipe = ConvertRecipe(method="transfer", samples=8, steps=12)
+    monkeypatch.setattr(ConvertRecipe, "__module__", "polyattn_lightning.conversion")  # the name pickle wrote then
+    torch.save({"hyper_parameters": {"convert": recipe}}, tmp_path / "old.ckpt")
+    monkeypatch.undo()
+    with zipfile.ZipFile(tmp_path / "old.ckpt") as archive:
+        pickled = archive.read(next(name for name in archive.namelist() if name.endswith("data.pkl")))
+    assert b"polyattn_lightning.conversion\nConvertRecipe" in pickled
+    assert ConvertRecipe.__module__ == "polyattn_lightning.conversion.recipe"
+    loaded = load_checkpoint(tmp_path / "old.ckpt")
+    assert loaded["hyper_parameters"]["convert"] == recipe

@@ -31,7 +31,7 @@ import torch
 warnings.simplefilter("error")  # a kernel that fails to build warns and falls back: make that fail the test
 import polyattn_lightning
 from polyattn_lightning.attention import attention
-from polyattn_lightning.attention.kernels import cpp
+from polyattn_lightning.attention.kernels.base import cpp
 from attention_reference import make_qkv, reference_attention
 
 venv_root = Path(sys.argv[1]).resolve()

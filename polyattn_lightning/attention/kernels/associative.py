@@ -21,6 +21,11 @@ chunks with a ``d x dv`` running state (and a reverse sweep for dK, dV), so
 nothing but the tiles and the gradients is allocated; elsewhere the same
 algebra as batched products over all chunks at once (memory O(N (C + d dv / C)))
 that autograd differentiates.
+
+A step from a recurrent state (``attention(..., state=...)``, generation with ``RecurrentCache``): the ``d x dv``
+state ``sum_j k_j^T v_j`` is ``power``'s state with ``m(x) = x``, and poly1's step is ``power/recurrent.py``'s
+(its C++ kernels take p = 1..4), as fla's ``linear_attn`` runs ``simple_gla``'s recurrence; tested with the others
+against ``power/naive.py``.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from torch.autograd.function import once_differentiable
 import torch.nn.functional as F
 
 from ..dtypes import autocast_off, compute_dtype
-from .base import Backend, KernelInputs, elementwise_reasons, key_padding_reasons
-from .blocked import flatten_heads
-from .cpp import load
+from .base.contract import Backend, KernelInputs, elementwise_reasons, key_padding_reasons, state_reasons
+from .base.cpp import load
+from .base.layout import flatten_heads, key_keep, per_row
+from .power.recurrent import RecurrentForm
 
 #: Queries per chunk of the causal form: the ``C x C`` block within a chunk costs O(N C d),
 #: the prefix sums across chunks O(N d dv / C) memory.
@@ -94,11 +100,9 @@ def associative(q, k, v, act, t, allowed, n, causal=None) -> Tensor:
         return causal_associative(q, k, v, row_scale, allowed, causal)
     # c(n) is the same for every query of a batch row (B?, 1, 1, 1), so it and t
     # scale the small (d, dv) matrix k^T v rather than an (N, d) one.
-    s = (act.row_scale(n.to(dtype)) * t).expand(batch, heads, 1, 1).reshape(batch * heads)
-    keep = None
-    if allowed is not None:  # (B*H, Nk): 1 for a key, 0 for padding
-        keep = allowed.to(dtype).expand(batch, heads, 1, nk).reshape(batch * heads, nk).contiguous()
-    return AssociativeAttention.apply(q, k, v, keep, s.contiguous())
+    s = per_row(act.row_scale(n.to(dtype)) * t, batch, heads, 1, dtype).view(batch * heads)
+    keep = key_keep(allowed, batch, heads, nk, dtype)  # (B*H, Nk): 1 for a key, 0 for padding; None: no padding
+    return AssociativeAttention.apply(q, k, v, keep, s)
 
 
 def _zero_padded(x: Tensor, keep: Tensor | None) -> Tensor:
@@ -189,21 +193,24 @@ class CausalAssociativeCPU(torch.autograd.Function):
 def _causal_cpp(q, k, v, row_scale, allowed, causal) -> Tensor:
     batch, heads, nq, nk = *q.shape[:3], k.shape[-2]
     dtype = compute_dtype(q)
-    s = row_scale.to(dtype).expand(batch, heads, nq, 1).reshape(batch * heads, nq).contiguous()
-    keep = None
-    if allowed is not None:
-        keep = allowed.to(dtype).expand(batch, heads, 1, nk).reshape(batch * heads, nk).contiguous()
+    s = per_row(row_scale, batch, heads, nq, dtype)
+    keep = key_keep(allowed, batch, heads, nk, dtype)
     return CausalAssociativeCPU.apply(q, k, v, keep, s, causal, CAUSAL_CHUNK)
 
 
-class Associative(Backend):
+class Associative(RecurrentForm, Backend):
     name = "associative"
-    supports = "poly1 only, with key padding and causal; no pairwise mask, score bias or dropout (they do not factor)"
+    supports = (
+        "poly1 only, with key padding and causal, and a step from a recurrent state; no pairwise mask, score bias or "
+        "dropout (they do not factor)"
+    )
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         reasons = elementwise_reasons(inputs)
         if not reasons and not inputs.act.associative:
             reasons.append(f"activation {inputs.act.name!r} is not linear (the associative form is poly1's)")
+        if inputs.state is not None:
+            reasons += state_reasons(inputs)
         return reasons + key_padding_reasons(inputs, "associative")
 
     def forward(self, inputs: KernelInputs) -> Tensor:

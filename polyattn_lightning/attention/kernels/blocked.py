@@ -39,7 +39,9 @@ from torch.autograd.function import once_differentiable
 from ..dtypes import autocast_off, compute_dtype
 from ..forms import FusedForm
 from ..registry import Activation
-from .base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
+from .base.contract import KV_STEP, Backend, KernelInputs, elementwise_reasons, stateless_reasons
+from .base.costs import quadratic_cost
+from .base.layout import as_4d, flatten_heads
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
 #: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
@@ -223,16 +225,6 @@ def _add_product(dst: Tensor, a: Tensor, b: Tensor) -> None:
         dst.add_(torch.bmm(a, b))
 
 
-def as_4d(x: Tensor) -> Tensor:
-    """Left-pad a broadcastable mask or bias to 4 dimensions."""
-    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
-
-
-def flatten_heads(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(B, H, N, d)`` -> contiguous ``(B*H, N, d)`` in the compute dtype."""
-    return x.to(dtype).reshape(x.shape[0] * x.shape[1], x.shape[-2], x.shape[-1]).contiguous()
-
-
 def _transposed(x: Tensor) -> Tensor:
     """``(B*H, N, d)`` -> contiguous ``(B*H, d, N)``: MKL multiplies untransposed operands faster."""
     return x.transpose(1, 2).contiguous()
@@ -342,7 +334,12 @@ class Blocked(Backend):
     supports = "any elementwise activation (custom ones too), every mask, bias, dropout, causal; CPU and GPU"
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
-        return elementwise_reasons(inputs)
+        return stateless_reasons(inputs, self.name) + elementwise_reasons(inputs)
+
+    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
+        if inputs.kind == KV_STEP:
+            return ["a KV-cache step: the few rows go in one call of a step form ('fused_cpu', 'materialized')"]
+        return []
 
     def cost(self, inputs: KernelInputs) -> float:
         """The fused kernels' model: never cheaper than them (ties keep the priority order), so ``auto`` takes

@@ -50,11 +50,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ... import deprecated
 from ..dtypes import autocast_off, compute_dtype
 from ..registry import Activation
-from .base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
-from .blocked import as_4d, flatten_heads, grad_gain
-from .cpp import load
+from .base.contract import KV_STEP, PARALLEL, Backend, KernelInputs, KVStep, elementwise_reasons, stateless_reasons
+from .base.costs import quadratic_cost
+from .base.cpp import load
+from .base.layout import as_4d, flatten_heads
+from .blocked import grad_gain
 
 #: Tile sizes (query rows x keys). The forward's 64 x 512 fp32 tile (128 KiB) and the
 #: backward's three 128 x 256 tiles stay in L2; measured best on the benchmark machine.
@@ -216,31 +219,19 @@ def fused_cpu(q, k, v, act, t, allowed, bias, n, dropout_p, causal=None) -> Tens
 
 
 def decode(q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float, causal: bool = False) -> Tensor | None:
-    """A cached-generation step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``): a few query rows, no
-    mask, no gradient. Not causal: every row attends every key, ``n = Nk``. Causal: the rows are the last ``R``
-    positions (a short prompt's prefill), row ``r`` attends the first ``Nk - R + r + 1`` keys. None where it
-    cannot run (not CPU tensors, a custom activation, no C++ build): the caller takes another kernel.
+    """A KV-cache step in one C++ call (``decode`` in ``csrc/fused_cpu.cpp``) in Hugging Face's ``(B, R, H, dv)``
+    layout; None where it cannot run (not CPU tensors, a custom activation, no C++ build). The backend's KV-cache step
+    form (:meth:`FusedCPU.kv_step`) is the same call in ``attention()``'s ``(B, H, R, dv)``, laid out in memory as
+    this one is (the op returns that view).
 
-    q ``(B, H, R, d)``, k/v ``(B, H_kv, Nk, d)`` in any strides (query head ``h`` reads kv head
-    ``h // (H / H_kv)``; the cache is never repeated); returns Hugging Face's ``(B, R, H, dv)`` in ``v``'s dtype.
+    A few query rows, no mask, no gradient. Not causal: every row attends every key, ``n = Nk``. Causal: the rows are
+    the last ``R`` positions (a short prompt's prefill), row ``r`` attends the first ``Nk - R + r + 1`` keys. q
+    ``(B, H, R, d)``, k/v ``(B, H_kv, Nk, d)`` in any strides (query head ``h`` reads kv head ``h // (H / H_kv)``; the
+    cache is never repeated), the output in ``v``'s dtype.
     """
-    plan = decode_plan(act) if q.device.type == "cpu" else None
-    if plan is None:
+    if q.device.type != "cpu" or decode_plan(act) is None:
         return None
-    if not causal:
-        return decode_with(plan, q, k, v, act, t)
-    rows, keys = q.shape[2], k.shape[2]
-    scales, shifts = zip(*(act.row_constants(keys - rows + r + 1) for r in range(rows)))
-    op, form, power = plan
-    return op(q, k, v, form, power, t, scales, shifts, True)
-
-
-def decode_with(plan: tuple[Any, int, int], q: Tensor, k: Tensor, v: Tensor, act: Activation, t: float) -> Tensor:
-    """:func:`decode` (not causal) with ``act``'s :func:`decode_plan` already resolved (the HF interface keeps
-    it per spec)."""
-    op, form, power = plan
-    scale, shift = act.row_constants(k.shape[-2])
-    return op(q, k, v, form, power, t, (scale,), (shift,), False)
+    return BACKEND.kv_step(act)(q, k, v, t, causal).transpose(1, 2)
 
 
 @functools.cache
@@ -255,11 +246,15 @@ def decode_plan(act: Activation) -> tuple[Any, int, int] | None:
 
 class FusedCPU(Backend):
     name = "fused_cpu"
-    supports = "CPU tensors, the built-in forms (poly{p}, relu, softplus, sigmoid), every mask, bias, dropout, causal"
+    supports = (
+        "CPU tensors, the built-in forms (poly{p}, relu, softplus, sigmoid), every mask, bias, dropout, causal; a "
+        "KV-cache step in one call"
+    )
+    forms = frozenset({PARALLEL, KV_STEP})
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
-        reasons = elementwise_reasons(inputs)
-        if not reasons and inputs.act.fused_form is None:
+        reasons = stateless_reasons(inputs, self.name) + elementwise_reasons(inputs)
+        if not inputs.act.is_softmax and inputs.act.fused_form is None:
             reasons.append(
                 f"the fused_cpu kernel does not know activation {inputs.act.name!r} (a custom one: "
                 "kernel='blocked' runs it)"
@@ -274,7 +269,31 @@ class FusedCPU(Backend):
         return quadratic_cost(inputs)
 
     def forward(self, inputs: KernelInputs) -> Tensor:
+        if inputs.few_rows:  # a short prompt or input: the KV-cache step's one call serves as well
+            return self.kv_step(inputs.act)(inputs.q, inputs.k, inputs.v, inputs.t, inputs.causal is not None)
         return fused_cpu(*inputs.tiled)
+
+    def kv_step(self, act: Activation) -> KVStep:
+        """The C++ ``decode`` op with ``act``'s form and row constants bound: per step, the rows' ``c(n)``, ``b(n)``
+        (one count without causality: every row attends every key) and the call."""
+        op, form, power = decode_plan(act)
+        constants = act.row_constants
+
+        def step(q: Tensor, k: Tensor, v: Tensor, t: float, causal: bool) -> Tensor:
+            keys = k.shape[2]
+            if causal and q.shape[2] > 1:
+                rows = q.shape[2]
+                scales, shifts = zip(*(constants(keys - rows + r + 1) for r in range(rows)))
+                return op(q, k, v, form, power, t, scales, shifts, True)
+            scale, shift = constants(keys)
+            return op(q, k, v, form, power, t, (scale,), (shift,), False)
+
+        return step
 
 
 BACKEND = FusedCPU()
+
+
+def __getattr__(name: str):
+    """Names that moved or went: where to (``polyattn_lightning/deprecated.py``)."""
+    return deprecated.attribute(__name__, name)

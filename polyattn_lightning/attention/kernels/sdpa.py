@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import Masks, causal_mask
-from .base import Backend, KernelInputs
+from .base.contract import Backend, KernelInputs, stateless_reasons
 
 
 def sdpa(q, k, v, masks: Masks, attn_bias, t, dropout_p) -> Tensor:
@@ -61,9 +61,10 @@ class Sdpa(Backend):
     supports = "softmax only (PyTorch's fused SDPA), every mask, bias, dropout and causal alignment"
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
-        if inputs.act.is_softmax:
-            return []
-        return [f"activation {inputs.act.name!r} is not softmax (SDPA computes softmax only)"]
+        reasons = stateless_reasons(inputs, self.name)
+        if not inputs.act.is_softmax:
+            reasons.append(f"activation {inputs.act.name!r} is not softmax (SDPA computes softmax only)")
+        return reasons
 
     def forward(self, inputs: KernelInputs) -> Tensor:
         i = inputs

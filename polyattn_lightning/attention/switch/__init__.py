@@ -1,26 +1,13 @@
-"""The one door for every model: ``set_attention(model, "poly3")`` switches its attention in place.
+"""The one door for every model: ``set_attention(model, "poly3")`` (``door.py``) switches its attention in place.
 
-One folder per library: ``timm/`` (the generic SDPA switch, per-family adapters, the refusal tables, the
-probe) and ``hf/`` (Hugging Face transformers, through its own ``AttentionInterface`` and per-family adapters
-where a model computes attention itself); what they share: ``base.py`` (:class:`~.base.SwitchedAttention`, the
-``capture`` contract the diagnostics rely on, :func:`~.base.register_adapter`), ``recorder.py`` (the softmax
-recorder that proves a switch) and ``mha.py`` (PyTorch's ``nn.MultiheadAttention``, in any model). The door
-imports a library only for that library's models: switching a Hugging Face model never imports timm, and
-``import polyattn_lightning`` imports neither.
-
-To switch a new library's models, add a folder here with its ``set_attention`` and route its models to it in
-:func:`set_attention` below.
+One folder per library, ``timm/`` and ``hf/``; what they share: ``base.py`` (:class:`~.base.SwitchedAttention`, the
+``capture`` contract, :func:`~.base.register_adapter`), ``recorder.py`` (the softmax recorder that proves a switch),
+``mha.py`` (PyTorch's ``nn.MultiheadAttention``, in any model). The door imports a library only for its models
+(``import polyattn_lightning`` imports neither); no module here imports a kernel: they all call ``attention()``. To
+switch a new library's models, add a folder here with its ``set_attention`` and route its models to it in the door.
 """
 
-from __future__ import annotations
-
-import sys
-from collections.abc import Callable, Mapping
-
-from torch import nn
-
-from ...errors import ConfigError
-from ..registry import ActivationSpec
+from ... import deprecated
 from .base import (
     ADAPTERS,
     AttentionInputs,
@@ -30,66 +17,14 @@ from .base import (
     attention_modules,
     register_adapter,
 )
+from .door import set_attention
 
-
-def set_attention(
-    model: nn.Module,
-    activation: ActivationSpec,
-    *,
-    strict: bool = True,
-    probe: Callable[[], object] | Mapping | bool | None = None,
-    calibrate: bool = False,
-) -> int:
-    """Switch every attention of ``model`` to ``activation``, in place; returns how many modules were switched.
-
-    Args:
-        model: a timm model, a part of one (a block, one attention module), a module holding switched ones
-            (the LRA encoder), or a Hugging Face ``transformers`` ``PreTrainedModel``.
-        activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
-        strict: refuse (:class:`~.timm.AttentionRefused`, a ``ConfigError``; nothing changed) when any module
-            would keep softmax, attention pooling heads aside; False switches the rest and logs one line naming
-            what stays softmax. With nothing to switch it always refuses. An HF model is always switched whole.
-        probe: the forward that shows what still computes softmax after the switch (a callable running one
-            forward of ``model``; an HF model also takes a mapping of its keyword arguments). None makes one
-            from the model (timm: an image at the size it was built for, skipped where it keeps none; HF: inputs
-            from its config); False skips it (timm only). A given probe that fails on the model as built is a
-            :class:`~.timm.ProbeInputError` naming the class: the input does not fit the model.
-        calibrate: removed: converting a pretrained softmax model (calibration, attention transfer) is
-            ``polyattn_lightning.convert(model, activation, samples, method=...)``; True is an error saying so.
-    """
-    if calibrate:
-        raise ConfigError(
-            "set_attention(calibrate=True) moved: call polyattn_lightning.convert(model, activation, samples, "
-            "method='calibrate') (or method='transfer', which keeps more of the pretrained model)"
-        )
-    if _is_hf_model(model):
-        from .hf import set_attention as set_hf_attention
-
-        if not strict or probe is False:
-            raise ConfigError(
-                f"{type(model).__name__}: a Hugging Face model is switched whole, after its probe "
-                "forward; strict=False and probe=False are for timm models"
-            )
-        return set_hf_attention(model, activation, probe=None if probe is True else probe)
-    from .timm import set_attention as set_timm_attention
-
-    return set_timm_attention(model, activation, strict=strict, probe=probe)
-
-
-def _is_hf_model(model: nn.Module) -> bool:
-    """Whether ``model`` is a transformers ``PreTrainedModel`` (without importing transformers: one exists only
-    once ``transformers.modeling_utils`` is imported)."""
-    hf_models = sys.modules.get("transformers.modeling_utils")
-    return hf_models is not None and isinstance(model, hf_models.PreTrainedModel)
+#: The timm switch's refusal types, imported (with timm) on first use.
+_LAZY = dict.fromkeys(("AttentionRefused", "ProbeInputError", "Unswitched"), "polyattn_lightning.attention.switch.timm")
 
 
 def __getattr__(name: str):
-    """The timm switch's refusal types, imported (with timm) on first use."""
-    if name in ("AttentionRefused", "ProbeInputError", "Unswitched"):
-        from . import timm
-
-        return getattr(timm, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return deprecated.attribute(__name__, name, _LAZY)
 
 
 __all__ = [

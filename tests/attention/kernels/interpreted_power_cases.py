@@ -13,7 +13,7 @@ import torch
 from test_power import padding, qkv, reference
 
 from polyattn_lightning.attention import get_activation
-from polyattn_lightning.attention.kernels import power
+from polyattn_lightning.attention.kernels.base import state
 from polyattn_lightning.attention.kernels.triton import power_op
 from polyattn_lightning.attention.masks import keys_per_row
 
@@ -26,7 +26,7 @@ def run(q, k, v, p, pad=None, causal=False):
     allowed = None if pad is None else ~pad[:, None, None, :]
     offset = nk - nq if causal else None
     n = keys_per_row(allowed, nk, q.device, offset)
-    tables = power.device_monomials(q.shape[-1], p, q.device)
+    tables = state.device_monomials(q.shape[-1], p, q.device)
     return power_op.triton_power_attention(q, k, v, act, q.shape[-1] ** -0.5, allowed, n, offset, *tables)
 
 

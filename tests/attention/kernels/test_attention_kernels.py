@@ -325,7 +325,7 @@ def test_dropout_backward_replays_the_forward_mask(small_tiles):
 # --------------------------------------------------------------------------- precision
 
 
-@pytest.mark.parametrize("kernel", ["blocked", "fused_cpu", "materialized", "associative"])
+@pytest.mark.parametrize("kernel", ["blocked", "fused_cpu", "materialized", "associative", "power"])
 def test_bf16_under_autocast_returns_bf16_close_to_fp32(kernel):
     q, k, v = make_qkv(B=2, H=2, Nq=40, Nk=40, d=16, dv=16, dtype=torch.float32)
     name = "poly1" if kernel == "associative" else "poly3"

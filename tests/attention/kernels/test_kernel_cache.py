@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from polyattn_lightning.attention.kernels import cpp
+from polyattn_lightning.attention.kernels.base import cpp
 
 CAPABILITY = "AVX2"
 
@@ -65,7 +65,7 @@ def test_same_sources_in_two_locations_build_once(tmp_path):
     a, b = _copy(tmp_path, "a"), _copy(tmp_path, "b")
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from polyattn_lightning.attention.kernels import cpp
+        from polyattn_lightning.attention.kernels.base import cpp
         first = cpp.build(Path({str(a)!r}))
         [library] = first.glob("*.so")
         stamp = library.stat().st_mtime_ns

@@ -19,7 +19,9 @@ from test_attention_kernels import num_threads
 
 from polyattn_lightning.attention import attention, kernel_choice
 from polyattn_lightning.attention.functional import kernel_inputs
-from polyattn_lightning.attention.kernels import KernelNotSupported, base, cpp, power
+from polyattn_lightning.attention.kernels import KernelNotSupported, base
+from polyattn_lightning.attention.kernels.base import cpp, state
+from polyattn_lightning.attention.kernels.power import parallel
 from polyattn_lightning.bench.timing import step_peak_bytes
 
 pytestmark = pytest.mark.skipif(not cpp.load(), reason="the C++ kernels could not be built")
@@ -52,7 +54,7 @@ def qkv(batch=2, heads=4, kv_heads=2, nq=9, nk=9, d=4, dv=5, dtype=torch.float64
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(power, "chunk_size", lambda d, p: 4)
+    monkeypatch.setattr(parallel, "chunk_size", lambda d, p: 4)
 
 
 def padding(batch: int, nk: int) -> torch.Tensor:
@@ -156,9 +158,9 @@ def test_memory_does_not_grow_with_n_times_d():
         return step_peak_bytes(lambda: attention(q, k, v, f"poly{p}", kernel="power").sum().backward(), q.device)
 
     small, large = peak(2048), peak(8192)
-    features = 8192 * power.monomial_count(d, p) * 4
+    features = 8192 * state.monomial_count(d, p) * 4
     inputs = 3 * 8192 * d * 4
-    assert large < 12 * inputs + 4 * power.chunk_size(d, p) * power.monomial_count(d, p) * 4 * 4
+    assert large < 12 * inputs + 4 * parallel.chunk_size(d, p) * state.monomial_count(d, p) * 4 * 4
     assert large < features / 4
     assert large - small < 12 * (inputs - inputs // 4)  # grows with N d, not with N D
 

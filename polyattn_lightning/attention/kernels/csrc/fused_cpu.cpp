@@ -704,13 +704,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
   return {dq, dk, dv, dbias};
 }
 
-// A cached-generation step (fused_cpu.py's `decode`): a few query rows attending the keys of the cache, no
+// A KV-cache step (fused_cpu.py's `kv_step`): a few query rows attending the keys of the cache, no
 // mask. Not causal: every row attends all Nk keys. Causal: the rows are the last R positions, so row r attends
 // the first Nk - R + r + 1 keys (bottom-right, as everywhere here; a short prompt's prefill). c(n), b(n) are
 // one number each (not causal) or one per row (causal), computed by the caller. q (B, H, R, d) and k, v
 // (B, H_kv, Nk, d / dv) as Hugging Face hands them over (any strides, the last one 1); query head h reads kv
-// head h / (H / H_kv), so a grouped cache is never repeated. Returns (B, R, H, dv), HF's output layout, in
-// v's dtype. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x n score
+// head h / (H / H_kv), so a grouped cache is never repeated. Returns attention()'s (B, H, R, dv) in v's dtype,
+// laid out in memory as HF's output (B, R, H, dv): the interface's transpose back costs no copy. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x n score
 // block between two BLAS products, t folded into the first and c(n) into the second. The point is the call,
 // not the arithmetic: one dispatcher call instead of the dozen tensor ops of the PyTorch path, which cost the
 // tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (BENCHMARKS.md). Half types run in fp32.
@@ -789,7 +789,7 @@ at::Tensor decode_forward(const at::Tensor& query, const at::Tensor& key, const 
                             row_scale, row_shift, causal);
     });
   }
-  return out.scalar_type() == value.scalar_type() ? out : out.to(value.scalar_type());
+  return (out.scalar_type() == value.scalar_type() ? out : out.to(value.scalar_type())).transpose(1, 2);
 }
 
 }  // namespace

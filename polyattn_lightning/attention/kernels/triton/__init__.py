@@ -1,8 +1,9 @@
 """``triton``: fused Triton attention for the built-in elementwise activations (CUDA).
 
-Files: ``launch.py`` (tile tables and launches), ``jit.py`` (the ``@triton.jit`` programs), ``op.py``
-(operators and autograd), ``selfcheck.py`` (each compiled configuration checked once against the blocked
-kernel).
+Files: ``backend.py`` (what the backend takes and why not the rest), ``launch.py`` (tile tables and launches),
+``jit.py`` (the ``@triton.jit`` programs), ``op.py`` (operators and autograd), ``selfcheck.py`` (each compiled
+configuration checked once against the blocked kernel); ``power_jit.py`` and ``power_op.py`` are the CUDA parallel
+form of the ``power`` backend.
 
 One program holds a block of queries (or, in the key/value backward, a block
 of keys) and walks the other side block by block; ``S``, ``phi(S)`` and
@@ -71,73 +72,7 @@ fp32 operands (bf16 loads, stores and casts are still exercised). What has run
 on which GPU is in BENCHMARKS.md.
 """
 
-from __future__ import annotations
-
-import importlib.util
-
-import torch
-from torch import Tensor
-
-from ..base import Backend, KernelInputs, elementwise_reasons, quadratic_cost
+from .backend import BACKEND, DTYPES, MAX_HEAD_DIM, Triton, triton_available
 from .launch import fp32_precision, interpreting
 
-#: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
-
-
-@torch.compiler.assume_constant_result
-def triton_available() -> bool:
-    """Whether the ``triton`` package is installed (CUDA builds of torch bring it)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-class Triton(Backend):
-    name = "triton"
-    supports = (
-        "CUDA tensors (CPU under TRITON_INTERPRET=1), fp16/bf16/fp32, head dim <= 256, the built-in forms, "
-        "every mask, bias, dropout, causal"
-    )
-
-    def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
-        q, act = inputs.q, inputs.act
-        reasons = elementwise_reasons(inputs)
-        if not reasons and act.fused_form is None:
-            reasons.append(f"the triton kernel does not know activation {act.name!r} (a custom one)")
-        if not (q.is_cuda or interpreting()):
-            reasons.append(
-                f"q is on {q.device}; this kernel runs on CUDA tensors (on CPU only under TRITON_INTERPRET=1)"
-            )
-        elif not triton_available():
-            reasons.append("the triton package is not installed")
-        if q.dtype not in DTYPES:
-            reasons.append(f"dtype {q.dtype} (it takes float16, bfloat16 and float32)")
-        if max(q.shape[-1], inputs.v.shape[-1]) > MAX_HEAD_DIM:
-            reasons.append(f"head dim {max(q.shape[-1], inputs.v.shape[-1])} > {MAX_HEAD_DIM}")
-        return reasons
-
-    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
-        q = inputs.q
-        if q.dtype == torch.float32 and q.is_cuda and fp32_precision() == "ieee":
-            return [
-                "fp32 at torch.get_float32_matmul_precision() == 'highest': Triton has no IEEE fp32 tensor "
-                "cores, the blocked kernel on cuBLAS is faster"
-            ]
-        from .selfcheck import triton_verified
-
-        if not triton_verified(
-            q, inputs.k, inputs.v, inputs.act, inputs.allowed, inputs.bias, inputs.dropout_p, inputs.causal
-        ):
-            return ["this launch configuration failed its self-check against the blocked kernel (warned once)"]
-        return []
-
-    def cost(self, inputs: KernelInputs) -> float:
-        return quadratic_cost(inputs)
-
-    def forward(self, inputs: KernelInputs) -> Tensor:
-        from .op import triton_attention
-
-        return triton_attention(*inputs.tiled)
-
-
-BACKEND = Triton()
+__all__ = ["BACKEND", "DTYPES", "MAX_HEAD_DIM", "Triton", "fp32_precision", "interpreting", "triton_available"]

@@ -1,4 +1,4 @@
-"""The ``@triton.jit`` programs of the exact linear-time ``poly{p}`` form (``kernels/power.py``).
+"""The ``@triton.jit`` programs of the exact linear-time ``poly{p}`` form (``kernels/power/parallel.py``).
 
 Three programs, each over the monomial features ``m(x)`` (``D = C(d+p-1, p)`` of them, the coordinates of
 monomial ``f`` in ``INDEX[l, f]``, ``l < P``) built in registers from gathered loads of a token block (never

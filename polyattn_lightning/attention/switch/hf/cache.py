@@ -2,7 +2,7 @@
 
 With ``poly{p}`` attention and the scale ``c(n)`` (no row-sum denominator) a causal layer's next output is
 ``c(n) m(q t) S`` with ``S = sum_j w m(k_j) v_j^T`` (``D x dv`` per kv head, ``D = C(d+p-1, p)``; ``m(x) = x``
-for p = 1) and ``n`` the keys seen (:mod:`~polyattn_lightning.attention.kernels.power`). So a layer may keep
+for p = 1) and ``n`` the keys seen (a recurrent state: ``attention.functional.recurrent_state``). So a layer may keep
 ``(S, n)`` instead of its keys and values: one generation step then costs O(D dv) whatever the context, where a
 KV cache costs O(N (d + dv)). Below the crossover length (a KV step is cheaper while ``N (d + dv) < D dv``, as
 measured by ``python -m polyattn_lightning.bench crossover``: the table's ``decode`` rows) a layer is an
@@ -22,7 +22,9 @@ How it fits transformers 5.x without patching it (``generate(..., cache=Recurren
   (``interface.cache_layer``), and the attention function (``interface.py``) lets the layer fold them in where the
   padding mask is known: left padding enters neither the state nor ``n``.
 
-The state is fp32 (fp64 for an fp64 model) whatever the model's dtype.
+The layer steps from its state through ``attention(..., state=...)``, the door every attention call takes: the kernel
+of the step is ``auto``'s choice (``kernel_choice(..., state=...)`` says which). The state is fp32 (fp64 for an
+fp64 model) whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -34,27 +36,18 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ....errors import ConfigError
-from ...kernels import base, power
-from ...registry import Activation, get_activation
+from ...functional import attention, decode_crossover, recurrent_state
+from ...registry import ActivationSpec
 from ..base import SwitchedAttention
 from .interface import CACHE_TAG, IMPLEMENTATION
 from .masks import split_mask
 
 
-def decode_crossover(device: torch.device, d: int, activation: Activation) -> float:
-    """Context length from which a state step beats a KV step for this head dim and activation (the table's
-    ``decode`` rows for this device); ``inf`` for an activation without a linear form or a device without a row."""
-    p = power.power_of(activation)
-    if p is None or p > max(power.POWERS) or activation.shift is not None:
-        return math.inf
-    return base.measured_crossover(str(device), d, p, True, "decode")
-
-
 class RecurrentLayer(CacheLayerMixin):
     """One layer: keys and values while the context is shorter than ``threshold`` tokens, ``(S, n)`` after.
 
-    ``state`` ``(B, Hkv, D, dv)`` and ``count`` ``(B, Hkv)`` (the keys in it, padding excluded) once it holds a
-    state; ``seen`` the tokens seen, padding included.
+    ``state`` (a ``RecurrentState``: ``kv`` ``(B, Hkv, D, dv)``, ``count`` ``(B, Hkv)``, the keys in it, padding
+    excluded) once it holds one; ``seen`` the tokens seen, padding included.
     """
 
     is_croppable = False
@@ -62,17 +55,21 @@ class RecurrentLayer(CacheLayerMixin):
     is_sliding = False
     supports_early_init = False
 
-    def __init__(self, threshold: float):
+    def __init__(self, threshold: float, activation: ActivationSpec):
         super().__init__()
-        self.threshold = threshold
-        self.state: Tensor | None = None
-        self.count: Tensor | None = None
+        self.threshold, self.activation = threshold, activation
+        self.state = None
         self.seen = 0
         self.pending: Tensor | None = None
 
     @property
     def recurrent(self) -> bool:
         return self.state is not None
+
+    @property
+    def count(self) -> Tensor | None:
+        """The keys in the state, ``(B, Hkv)`` (padding excluded); None while the layer keeps keys."""
+        return None if self.state is None else self.state.count
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -91,8 +88,8 @@ class RecurrentLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
-        if not self.recurrent and self.seen == 0 and new >= self.threshold:
-            self._start_state(key_states, value_states)  # a long prompt: straight into the state, one pass
+        if not self.recurrent and self.seen == 0 and new >= self.threshold:  # a long prompt: straight into a state
+            self.state = recurrent_state(key_states[:, :, :0], value_states[:, :, :0], self.activation)
         if self.recurrent:
             keys, values = key_states, value_states
         else:
@@ -104,15 +101,8 @@ class RecurrentLayer(CacheLayerMixin):
         self.pending = keys
         return keys, values
 
-    def _start_state(self, keys: Tensor, values: Tensor) -> None:
-        batch, kv_heads, _, d = keys.shape
-        p = power.power_of(self.activation)
-        dtype = torch.promote_types(keys.dtype, torch.float32)
-        self.state = keys.new_zeros(batch, kv_heads, power.state_size(d, p), values.shape[-1], dtype=dtype)
-        self.count = keys.new_zeros(batch, kv_heads, dtype=dtype)
-
     def attend(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, act: Activation, t: float, regular
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, spec: ActivationSpec, t: float, regular
     ) -> Tensor:
         """The attention function's output, HF's ``(B, Q, H, dv)``, for keys this layer returned. ``regular()`` is
         the attention function's own path (used below the threshold, over every key)."""
@@ -120,27 +110,29 @@ class RecurrentLayer(CacheLayerMixin):
         if not self.recurrent:
             out = regular()
             if self.seen >= self.threshold:  # the context passed the crossover: fold the keys, drop them
-                self._start_state(key, value)
-                power.fold(self.state, self.count, key, value, self._keep(mask, key), power.power_of(act))
+                self.state = recurrent_state(key, value, spec, key_padding_mask=self._padding(mask))
                 self.keys = self.values = None
             return out
         if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
             raise ConfigError("RecurrentCache is for generation (no gradient flows through its state)")
-        out = power.step(query, key, value, self._keep(mask, key), self.state, self.count, act, t)
+        padding = self._padding(mask)
+        out = attention(
+            query, key, value, spec, temperature=t, key_padding_mask=padding, is_causal=True, state=self.state
+        )
         return out.transpose(1, 2).contiguous()
 
     @staticmethod
-    def _keep(mask: Tensor | None, key: Tensor) -> Tensor:
-        """1 for each key in ``mask``'s last row (the keys HF's causal + padding mask lets the last token see)."""
+    def _padding(mask: Tensor | None) -> Tensor | None:
+        """The padded keys (True) of ``mask``'s last row (the keys HF's causal + padding mask keeps from the last
+        token); None: no padding."""
         if mask is None:
-            return key.new_ones(key.shape[0], key.shape[-2], dtype=torch.bool)
+            return None
         causal, masks = split_mask(mask)
         if "attn_mask" in masks:
             raise ConfigError(
                 "RecurrentCache takes causal and padding masks only (no sliding window, chunks or custom masks)"
             )
-        padding = masks.get("key_padding_mask")
-        return key.new_ones(key.shape[0], key.shape[-2], dtype=torch.bool) if padding is None else ~padding
+        return masks.get("key_padding_mask")
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -153,7 +145,7 @@ class RecurrentLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.keys = self.values = self.state = self.count = self.pending = None
+        self.keys = self.values = self.state = self.pending = None
         self.seen = 0
         self.is_initialized = False
 
@@ -161,10 +153,12 @@ class RecurrentLayer(CacheLayerMixin):
         raise ValueError("RecurrentCache cannot be cropped: a state cannot forget its last tokens")
 
     def _index(self, select) -> None:
-        for name in ("keys", "values", "state", "count"):
+        for name in ("keys", "values"):
             tensor = getattr(self, name)
             if tensor is not None and tensor.shape[0]:
                 setattr(self, name, select(tensor))
+        if self.state is not None and self.state.kv.shape[0]:
+            self.state.select(select)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._index(lambda x: x.index_select(0, beam_idx.to(x.device)))
@@ -201,17 +195,18 @@ class RecurrentCache(Cache):
             kind != "full_attention" for kind in getattr(config, "layer_types", None) or []
         ):
             raise ConfigError(f"RecurrentCache: {type(model).__name__} has layers that are not full attention")
-        act = get_activation(spec)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if threshold is None:
-            threshold = decode_crossover(next(model.parameters()).device, head_dim, act)
-        elif threshold < math.inf and power.power_of(act) not in (1, *power.POWERS):
-            raise ConfigError(f"RecurrentCache: activation {act.name!r} has no linear form to keep as a state")
-        self.activation, self.threshold = act, threshold
-        layers = [RecurrentLayer(threshold) for _ in range(config.num_hidden_layers)]
-        for layer in layers:
-            layer.activation = act
-        super().__init__(layers=layers)
+            threshold = decode_crossover(next(model.parameters()).device, head_dim, spec)
+        elif threshold < math.inf:
+            try:  # an empty state of the activation: it has one, or says it has none
+                recurrent_state(torch.empty(1, 1, 0, head_dim), torch.empty(1, 1, 0, head_dim), spec)
+            except ValueError:
+                raise ConfigError(
+                    f"RecurrentCache: activation {spec!r} has no linear form to keep as a state"
+                ) from None
+        self.activation, self.threshold = spec, threshold
+        super().__init__(layers=[RecurrentLayer(threshold, spec) for _ in range(config.num_hidden_layers)])
 
     @property
     def recurrent(self) -> list[bool]:

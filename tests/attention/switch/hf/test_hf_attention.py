@@ -7,8 +7,7 @@ import pickle
 
 import pytest
 import torch
-from hf_models import REFERENCE, tiny_bert, tiny_llama, tiny_vit, token_batch, with_reference
-from torch import nn
+from hf_models import tiny_bert, tiny_llama, tiny_vit, token_batch, with_reference
 from transformers import MistralConfig, MistralModel
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
@@ -158,8 +157,7 @@ def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_
     """40 greedy tokens: the one-call C++ step (taken by the interface's one-row path and by the 5-token prompt's
     causal prefill), the materialized PyTorch step it replaced (what runs without a C++ build) and the tests'
     own fp64 reference generate the same tokens."""
-    from polyattn_lightning.attention.kernels import fused_cpu
-    from polyattn_lightning.attention.switch.hf import interface
+    from polyattn_lightning.attention.kernels import dispatch, fused_cpu
 
     model = tiny_llama(num_key_value_heads=kv_heads)
     reference = with_reference(model)
@@ -176,12 +174,12 @@ def test_the_cpp_decoding_step_generates_the_tokens_of_the_pytorch_step_and_the_
         op, form, power = plan(act)
         return (lambda *args: steps.append(op(*args)) or steps[-1]), form, power
 
-    monkeypatch.setattr(interface, "_STEP_PLANS", {})
+    monkeypatch.setattr(dispatch, "_STEPS", {})
     monkeypatch.setattr(fused_cpu, "decode_plan", counted)
     cpp, theirs = generate(model), generate(reference)
     assert len(steps) == 2 * 40  # 2 layers x (the prompt + 39 cached steps), each one C++ call
-    monkeypatch.setattr(interface, "_STEP_PLANS", {})
-    monkeypatch.setattr(fused_cpu, "decode_plan", lambda act: None)  # no C++ build: the materialized kernel
+    monkeypatch.setattr(dispatch, "_STEPS", {})
+    monkeypatch.setattr(fused_cpu, "load", lambda: False)  # no C++ build: the materialized kernel
     pytorch = generate(model)
     assert torch.equal(cpp.sequences, pytorch.sequences) and torch.equal(cpp.sequences, theirs.sequences)
     for ours, old in zip(cpp.logits, pytorch.logits, strict=True):
@@ -213,7 +211,9 @@ def test_decode_step_is_the_general_path_on_its_inputs(causal):
     """The short path (the C++ op and the materialized PyTorch step) and ``attention()`` agree for up to
     DECODE_ROWS rows, causal or not, grouped heads, other activations."""
     from polyattn_lightning.attention.functional import attention
-    from polyattn_lightning.attention.switch.hf.interface import DECODE_ROWS, decode_step, materialized_step
+    from polyattn_lightning.attention.kernels.base.contract import STEP_ROWS as DECODE_ROWS
+    from polyattn_lightning.attention.kernels.materialized import materialized_step
+    from polyattn_lightning.attention.switch.hf.interface import decode_step
     from polyattn_lightning.attention.registry import get_activation
 
     generator = torch.Generator().manual_seed(0)
@@ -222,22 +222,28 @@ def test_decode_step_is_the_general_path_on_its_inputs(causal):
         k, v = (torch.randn(2, kv_heads, 11, 8, generator=generator) for _ in range(2))
         groups = heads // kv_heads
         repeated = (k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1))
-        expected = attention(q, *repeated, name, temperature=0.3, is_causal=causal).transpose(1, 2)
-        for step in (decode_step, materialized_step):
+        expected = attention(q, *repeated, name, temperature=0.3, is_causal=causal, kernel="blocked").transpose(1, 2)
+        for step in (decode_step, lambda *args: materialized_step(*args).transpose(1, 2)):
             out = step(q, k, v, get_activation(name), 0.3, causal)
-            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"{step.__name__} {name}")
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"{step} {name}")
 
 
 def test_a_short_causal_prompt_takes_one_cpp_call_equal_to_the_general_path(monkeypatch):
     """An 8-token prompt (no mask: HF's ``sdpa_mask`` leaves causality to ``is_causal``) is one C++ call per
     layer, and the prompt's logits are those of the general path (the same call with a gradient)."""
-    from polyattn_lightning.attention.kernels import fused_cpu
+    from polyattn_lightning.attention.kernels import dispatch, fused_cpu
 
     model = tiny_llama(num_key_value_heads=2)
     set_attention(model, "poly3")
     prompt = token_batch()[0][:1, :8]
-    calls, decode = [], fused_cpu.decode
-    monkeypatch.setattr(fused_cpu, "decode", lambda *args: calls.append(args[-1]) or decode(*args))
+    calls, plan = [], fused_cpu.decode_plan
+
+    def counted(act):  # the C++ op of the plan, recording whether each call is causal
+        op, form, power = plan(act)
+        return (lambda *args: calls.append(args[-1]) or op(*args)), form, power
+
+    monkeypatch.setattr(dispatch, "_STEPS", {})
+    monkeypatch.setattr(fused_cpu, "decode_plan", counted)
     with torch.no_grad():
         fast = model(prompt).logits
     assert calls == [True, True]  # 2 layers, each one causal call

@@ -15,7 +15,11 @@ from hf_models import tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from polyattn_lightning.attention import set_attention
-from polyattn_lightning.attention.kernels import base, cpp, power
+from polyattn_lightning.attention.functional import recurrent_state
+from polyattn_lightning.attention.kernels import base
+from polyattn_lightning.attention.kernels.base import cpp
+from polyattn_lightning.attention.kernels.base.state import RecurrentState, features, monomial_count, monomials
+from polyattn_lightning.attention.kernels.power import recurrent
 from polyattn_lightning.attention.switch.hf import RecurrentCache
 from polyattn_lightning.attention.switch.hf.cache import decode_crossover
 from polyattn_lightning.errors import ConfigError
@@ -89,17 +93,16 @@ def test_the_state_is_the_sum_of_weighted_features():
     keep = torch.ones(2, 9, dtype=torch.bool)
     keep[1, :4] = False
     for p in (1, 2, 3):
-        index, weight = power.monomials(4, p)
+        index, weight = monomials(4, p)
         assert len(weight) == math.comb(4 + p - 1, p) and weight.sum() == 4**p  # sum of multinomials: d^p
-        state = torch.zeros(2, 2, len(weight), 3, dtype=torch.float64)
-        count = torch.zeros(2, 2, dtype=torch.float64)
-        power.fold(state, count, k, v, keep, p)
+        folded = recurrent_state(k, v, f"poly{p}", key_padding_mask=~keep)
+        state, count = folded.kv, folded.count
         kept = keep[:, None, :, None]
         explicit = (k[..., index].prod(-1) * weight * kept).transpose(-2, -1) @ (v * kept)
         torch.testing.assert_close(state, explicit)
         assert torch.equal(count, torch.tensor([[9.0, 9.0], [5.0, 5.0]], dtype=torch.float64))
         q = torch.randn(2, 2, 1, 4, generator=g, dtype=torch.float64)
-        torch.testing.assert_close(power.features(q, p) @ state, (q @ (k * kept).transpose(-2, -1)) ** p @ v)
+        torch.testing.assert_close(features(q, p) @ state, (q @ (k * kept).transpose(-2, -1)) ** p @ v)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -116,12 +119,10 @@ def test_a_step_equals_the_pytorch_step_and_the_materialised_causal_power(rows, 
     k, v = torch.randn(1, 2, rows, d, generator=g).double(), torch.randn(1, 2, rows, dv, generator=g).double()
     keep = torch.ones(1, rows, dtype=torch.bool)
     outs = []
-    for step in (power.step, power._step_torch):
-        state = torch.zeros(1, 2, power.state_size(d, 3), dv, dtype=torch.float64)
-        count = torch.zeros(1, 2, dtype=torch.float64)
-        power.fold(state, count, past_k, past_v, torch.ones(1, 6, dtype=torch.bool), 3)
-        outs.append(step(q, k, v, keep, state, count, act, 0.5))
-        assert torch.equal(count, torch.full((1, 2), 6.0 + rows, dtype=torch.float64))
+    for step in (recurrent.step, recurrent.chunked_step):
+        state = recurrent_state(past_k, past_v, act)
+        outs.append(step(q, k, v, keep, state, act, 0.5))
+        assert torch.equal(state.count, torch.full((1, 2), 6.0 + rows, dtype=torch.float64))
     groups = heads // 2
     keys = torch.cat([past_k, k], 2).repeat_interleave(groups, 1)
     values = torch.cat([past_v, v], 2).repeat_interleave(groups, 1)
@@ -149,10 +150,10 @@ def test_one_decode_step_dispatches_the_same_ops_for_2_and_16_heads():
     act = get_activation("poly2")
     counts = []
     for heads in (2, 16):
-        state, count = torch.zeros(1, heads, power.state_size(8, 2), 8), torch.zeros(1, heads)
+        state = RecurrentState(torch.zeros(1, heads, monomial_count(8, 2), 8), torch.zeros(1, heads), 2)
         q, k, v = (torch.randn(1, heads, 1, 8) for _ in range(3))
         with OpCount() as ops:
-            power.step(q, k, v, torch.ones(1, 1, dtype=torch.bool), state, count, act, 0.3)
+            recurrent.step(q, k, v, torch.ones(1, 1, dtype=torch.bool), state, act, 0.3)
         counts.append(ops.calls)
     assert counts[0] == counts[1] and counts[0] < 20
     assert cpp.load()  # and on this machine the step was the one C++ call (power_decode), not the PyTorch form
@@ -204,13 +205,13 @@ def test_a_decode_step_on_two_threads_equals_one():
     q, k, v = (torch.randn(2, 4, 1, 16, generator=g) for _ in range(3))
     results = []
     for threads in (1, 2):
-        state, count = torch.ones(2, 4, power.state_size(16, 2), 16), torch.full((2, 4), 3.0)
+        state = RecurrentState(torch.ones(2, 4, monomial_count(16, 2), 16), torch.full((2, 4), 3.0), 2)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            out = power.step(q, k, v, torch.ones(2, 1, dtype=torch.bool), state, count, act, 0.25)
+            out = recurrent.step(q, k, v, torch.ones(2, 1, dtype=torch.bool), state, act, 0.25)
         finally:
             torch.set_num_threads(before)
-        results.append((out, state))
+        results.append((out, state.kv))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)

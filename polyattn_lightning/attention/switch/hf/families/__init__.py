@@ -20,9 +20,7 @@ HF's). Adapted (transformers 5.x; module -- class -- score bias / mask / tempera
 * ``alibi`` -- ``FalconAttention``, ``BloomAttention``: ALiBi (relative form for non-softmax activations) or
   rotary.
 
-:data:`FAMILY_MODULES` names, per HF class, the module holding its adapter; :func:`adapter_for` imports it only
-when a model holds that class, so switching a BERT imports none of these HF modeling modules. A module switched
-before is its own adapter (switching again changes its activation).
+:func:`adapter_for` (``_common.py``) finds a class's adapter.
 
 Each adapter was reviewed against its HF class's code in given transformers releases (``switch/reviewed.py``,
 ``reviewed.json``): :func:`adapter_for` refuses a class whose installed code was not reviewed, and hands a class
@@ -30,53 +28,6 @@ that calls the ``AttentionInterface`` itself in the installed release (``FalconA
 interface. An adapter lists in ``relies_on`` the library code beyond its class's methods that it depends on.
 """
 
-from __future__ import annotations
+from ._common import FAMILY_MODULES, HF_ADAPTERS, HFSwitched, adapter_for
 
-import importlib
-
-from torch import nn
-
-from ...base import SwitchedAttention
-from ...mha import SwitchedMultiheadAttention
-from ...reviewed import ADAPTER, adapter_route
-from ._common import HF_ADAPTERS, HFSwitched
-
-#: ``transformers`` attention class (``module.qualname``) -> the family module here that adapts it.
-FAMILY_MODULES = {
-    "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": "deberta",
-    "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": "deberta",
-    "transformers.models.mpnet.modeling_mpnet.MPNetSelfAttention": "mpnet",
-    "transformers.models.roformer.modeling_roformer.RoFormerSelfAttention": "roformer",
-    "transformers.models.megatron_bert.modeling_megatron_bert.MegatronBertSelfAttention": "bert_eager",
-    "transformers.models.rembert.modeling_rembert.RemBertSelfAttention": "bert_eager",
-    "transformers.models.tapas.modeling_tapas.TapasSelfAttention": "bert_eager",
-    "transformers.models.visual_bert.modeling_visual_bert.VisualBertSelfAttention": "bert_eager",
-    "transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSelfAttention": "data2vec_vision",
-    "transformers.models.data2vec.modeling_data2vec_vision.Data2VecVisionSdpaSelfAttention": "data2vec_vision",
-    "transformers.models.swinv2.modeling_swinv2.Swinv2SelfAttention": "swinv2",
-    "transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention": "gpt_neo",
-    "transformers.models.falcon.modeling_falcon.FalconAttention": "alibi",
-    "transformers.models.bloom.modeling_bloom.BloomAttention": "alibi",
-}
-
-
-def adapter_for(module: nn.Module) -> type[SwitchedAttention] | None:
-    """The adapter of ``module``'s class (itself when already switched); PyTorch's ``nn.MultiheadAttention``
-    included (``switch/mha.py``); None for any other class and for a class whose reviewed code in the installed
-    release calls the interface. Raises :class:`~..reviewed.UnreviewedCode` for code not reviewed."""
-    if isinstance(module, (HFSwitched, SwitchedMultiheadAttention)):
-        return type(module)
-    cls = type(module)
-    if cls is nn.MultiheadAttention:
-        adapter_route(cls, SwitchedMultiheadAttention)
-        return SwitchedMultiheadAttention
-    family = FAMILY_MODULES.get(f"{cls.__module__}.{cls.__qualname__}")
-    if family is None:
-        return None
-    if cls not in HF_ADAPTERS:
-        importlib.import_module(f"{__name__}.{family}")
-    adapter = HF_ADAPTERS[cls]
-    return adapter if adapter_route(cls, adapter) == ADAPTER else None
-
-
-__all__ = ["FAMILY_MODULES", "HFSwitched", "adapter_for"]
+__all__ = ["FAMILY_MODULES", "HFSwitched", "HF_ADAPTERS", "adapter_for"]

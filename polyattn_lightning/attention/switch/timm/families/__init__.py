@@ -8,6 +8,19 @@ position terms are timm's (its helpers where it has them); only ``softmax(S) @ v
 goes through ``attention()`` (``SwitchedAttention._attend``), so the fused kernels,
 masks and the ``capture`` hook apply. N below is the length ``N`` of the scales.
 
+To add a timm family:
+
+1. timm calls SDPA for it (with ``fused_attn`` on) and does no other softmax: read its ``forward``, note what
+   it passes as ``attn_mask`` (nothing, a bool mask, a float bias, ``-inf``/``finfo.min`` sentinels -- never a
+   finite sentinel mixed with a bias) and add a ``Reviewed(cls, masks)`` line to ``sdpa.REVIEWED``; add its
+   tiny constructor to ``tests/attention/switch/timm_families.py``.
+2. timm computes softmax by hand: write the smallest subclass of the timm class with
+   :class:`~polyattn_lightning.attention.switch.base.SwitchedAttention` whose ``forward`` keeps timm's steps
+   and calls ``self._attend`` where the softmax was, decorate it with ``@register_adapter(TimmClass)``, put it
+   in ``families/<family>.py`` (listed at the bottom of this file) and take the class off
+   ``tables.HAND_SOFTMAX``.
+3. Regenerate the support table: ``python -m polyattn_lightning.bench timm-support --write README.md``.
+
 Adapted (timm 1.0.31; family module: class -- score bias / mask / N):
 
 * ``swin``: ``swin_transformer.WindowAttention`` -- relative-position bias as ``attn_bias``; the 0/-100 shift

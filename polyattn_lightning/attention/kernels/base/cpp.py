@@ -4,7 +4,7 @@ The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
 time a process needs them, then loaded from there. The build takes 12-16 s on
 a 2-core machine at load 1.3 and 30-80 s at load 2-3.6 (measured with
-``python -c "from polyattn_lightning.attention.kernels import cpp; cpp.build()"``
+``python -c "from polyattn_lightning.attention.kernels.base import cpp; cpp.build()"``
 with no build of the current name). It talks (:class:`~polyattn_lightning.waits.Wait`): a line when it starts
 saying why it takes time, the elapsed time in place on a terminal, a line every 10 s in the run's log, and the
 time it took.
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 
-from ...waits import Wait
+from ....waits import Wait
 
-CSRC = Path(__file__).parent / "csrc"
+CSRC = Path(__file__).parents[1] / "csrc"
 #: The translation units; every ``*.cpp`` / ``*.h`` in ``csrc/`` also goes into the build key.
 SOURCE_NAMES = ("fused_cpu.cpp", "associative_cpu.cpp", "power_cpu.cpp")
 SOURCES = [CSRC / name for name in SOURCE_NAMES]
@@ -159,8 +159,8 @@ def _register_fakes() -> None:
         span = 1 + sum((size - 1) * stride for size, stride in zip(bias.shape, bias.stride())) if bias_grad else 0
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty(span)
 
-    def decode(q, k, v, *args):
-        return v.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3])
+    def decode(q, k, v, *args):  # (B, H, R, dv) over (B, R, H, dv) memory, as the op returns it
+        return v.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3]).transpose(1, 2)
 
     def associative_forward(q, k, v, keep, s):
         return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], q.shape[2], v.shape[2])

@@ -1,14 +1,10 @@
-"""The kernel interface: what ``attention()`` hands a backend, and what a backend declares about itself.
+"""The cost model ``pick`` compares backends with: the quadratic kernels' and the linear forms', in seconds.
 
-A backend is one module of this package holding one :class:`Backend` instance. It says, in words, which inputs
-it cannot take (:meth:`Backend.not_supported_reasons`), which it could take but ``kernel="auto"`` should leave
-to another (:meth:`Backend.declined_reasons`), optionally what a call would cost (:meth:`Backend.cost`), and
-runs (:meth:`Backend.forward`). ``kernels.pick`` walks the backends in one priority list and asks them.
-
-Costs (the end of this module): the quadratic kernels share one model, ``alpha * B * H * pairs * (d + dv)``;
-the linear forms' is scaled so that the two are equal at the crossover length measured on the machine and
-shipped in ``crossover.json`` (``python -m polyattn_lightning.bench crossover`` writes it). ``pick`` compares
-costs only when its first choice states one, so a form without a cost model keeps its place in the list.
+The quadratic kernels share one model, ``alpha * B * H * pairs * (d + dv)``; the linear forms' is scaled so that the
+two are equal at the crossover length measured on the machine and shipped in ``crossover.json`` (``python -m
+polyattn_lightning.bench crossover`` writes it; its ``decode`` rows are where a step from a recurrent state beats a
+KV-cache step). ``pick`` compares costs only when its first choice states one, so a form without a cost model keeps
+its place in the list.
 """
 
 from __future__ import annotations
@@ -18,119 +14,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import ClassVar, NamedTuple
 
 import torch
-from torch import Tensor
 
-from ..masks import Masks
-from ..registry import Activation
-
-
-class KernelInputs(NamedTuple):
-    """``attention()``'s arguments, resolved once: what every backend receives.
-
-    ``masks`` holds the boolean ``allowed`` mask (None: every pair), softmax's ``additive`` mask and the causal
-    offset ``Nk - Nq`` (None: not causal); ``n`` is the number of keys each query row may attend (fp32,
-    broadcastable to ``(B, H, Nq, 1)``; None for softmax).
-    """
-
-    q: Tensor
-    k: Tensor  # (B, Hkv, Nk, d): Hkv divides q's H (grouped-query attention; backends without
-    v: Tensor  # ``grouped_heads`` get k and v repeated to H heads by ``kernels.run``)
-    act: Activation
-    t: float
-    masks: Masks
-    bias: Tensor | None
-    n: Tensor | None
-    dropout_p: float
-
-    @property
-    def allowed(self) -> Tensor | None:
-        return self.masks.allowed
-
-    @property
-    def causal(self) -> int | None:
-        return self.masks.causal
-
-    @property
-    def tiled(self) -> tuple:
-        """``(q, k, v, act, t, allowed, bias, n, dropout_p, causal)``: what the tiled kernels' functions take."""
-        return self.q, self.k, self.v, self.act, self.t, self.allowed, self.bias, self.n, self.dropout_p, self.causal
-
-    @property
-    def key_padding_only(self) -> bool:
-        """``allowed`` depends on the key alone (``(B?, 1, 1, Nk)``: key padding), or there is none."""
-        allowed = self.masks.allowed
-        return allowed is None or (allowed.shape[-2] == 1 and allowed.shape[-3] == 1)
-
-    @property
-    def empty(self) -> bool:
-        """An empty batch, no queries or no keys: nothing to tile (the output is zeros)."""
-        return 0 in (*self.q.shape[:3], self.k.shape[-2])
-
-    def repeated_kv(self) -> "KernelInputs":
-        """These inputs with k and v repeated to q's heads (each kv head serving its group of query heads)."""
-        groups = self.q.shape[1] // self.k.shape[1]
-        if groups == 1:
-            return self
-        return self._replace(k=self.k.repeat_interleave(groups, dim=1), v=self.v.repeat_interleave(groups, dim=1))
-
-
-class Backend:
-    """One attention kernel. Subclasses set ``name`` and ``supports`` (one line: what it takes and why)."""
-
-    name: ClassVar[str]
-    supports: ClassVar[str]
-    #: Whether ``kernel="auto"`` may pick it (``materialized`` is a reference: only by name).
-    in_auto: ClassVar[bool] = True
-    #: Whether it takes k and v with fewer heads than q (grouped-query attention) as they are.
-    grouped_heads: ClassVar[bool] = False
-
-    def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
-        """Why this backend cannot run ``inputs`` (empty: it can)."""
-        raise NotImplementedError
-
-    def declined_reasons(self, inputs: KernelInputs) -> list[str]:
-        """Why ``auto`` passes this backend over although it could run ``inputs`` (a faster one applies)."""
-        return []
-
-    def cost(self, inputs: KernelInputs) -> float | None:
-        """An estimate ``pick`` may compare with other backends' (same units: seconds); None: no cost model."""
-        return None
-
-    def forward(self, inputs: KernelInputs) -> Tensor:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"<attention kernel {self.name!r}: {self.supports}>"
-
-
-class KernelNotSupported(ValueError):
-    """``attention(..., kernel=name)`` on inputs that backend cannot take; the message lists its reasons."""
-
-
-def elementwise_reasons(inputs: KernelInputs) -> list[str]:
-    """The reason every non-softmax backend shares: softmax runs on SDPA only."""
-    return ["softmax runs on the 'sdpa' kernel only"] if inputs.act.is_softmax else []
-
-
-def key_padding_reasons(inputs: KernelInputs, kernel: str) -> list[str]:
-    """Reasons of a backend that takes key padding but no pairwise mask, score bias or dropout."""
-    reasons = []
-    if not inputs.key_padding_only:
-        reasons.append(f"a pairwise attn_mask (the {kernel} kernel takes only a key_padding_mask)")
-    if inputs.bias is not None:
-        reasons.append(f"an attn_bias (score bias) does not factor through the {kernel} form")
-    if inputs.dropout_p:
-        reasons.append(f"attention dropout does not factor through the {kernel} form")
-    return reasons
-
-
-# --------------------------------------------------------------------------- costs
+from ...registry import Activation
+from .contract import KernelInputs, gradient_flows
+from .state import RECURRENT_POWERS, power_of
 
 #: The measured crossover lengths per device, written by ``python -m polyattn_lightning.bench crossover``.
-CROSSOVER_TABLE = Path(__file__).with_name("crossover.json")
+CROSSOVER_TABLE = Path(__file__).parents[1] / "crossover.json"
 
 
 @functools.cache
@@ -223,8 +115,7 @@ def quadratic_cost(inputs: KernelInputs) -> float:
 
 def cost_mode(inputs: KernelInputs) -> str:
     """``train`` when a gradient will flow back through the call, else ``forward``."""
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (inputs.q, inputs.k, inputs.v))
-    return "train" if grad else "forward"
+    return "train" if gradient_flows(inputs.q, inputs.k, inputs.v) else "forward"
 
 
 def flop_crossover(d: int, p: int, causal: bool) -> float:
@@ -277,3 +168,13 @@ def linear_cost(inputs: KernelInputs, state: int, crossover: float) -> float:
     )
     beta = at_crossover / (2 * crossover * state)
     return beta * q.shape[0] * (q.shape[1] * q.shape[-2] + k.shape[1] * k.shape[-2]) * state
+
+
+def decode_crossover(device: torch.device, d: int, act: Activation) -> float:
+    """Context length from which a step from a state beats a KV-cache step for this head dim and activation (the
+    crossover table's ``decode`` rows for ``device``); ``inf`` for an activation without a recurrent form or a
+    device without a row."""
+    p = power_of(act)
+    if p not in RECURRENT_POWERS or act.shift is not None:
+        return math.inf
+    return measured_crossover(str(device), d, p, True, "decode")
