@@ -239,16 +239,7 @@ def test_package_faces_hand_names_on(folder):
 
 
 #: Rooms with a module over the limit, until it is split: the test fails once the room keeps to it (strict).
-OVER_450 = {"grids": "grids/slurm.py (469 lines, the SLURM launcher) is to be split"}
-
-
-@pytest.mark.parametrize(
-    "folder",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=OVER_450[p])) if p in OVER_450 else p
-        for p in PACKAGES
-    ],
-)
+@pytest.mark.parametrize("folder", PACKAGES)
 def test_no_module_is_over_450_lines(folder):
     wrong = [
         f"{path.relative_to(PACKAGE)}: {lines}"
