@@ -116,6 +116,7 @@ def test_a_guide_shows_its_code_and_its_table(browser, served, tmp_path):
     assert [h.text for h in visible("article h1")] == ["Run a grid: the papers’ experiments"]
     # the sidebar marks the page being read
     assert [a.text for a in visible(".sidebar-tree li.current-page > a")] == ["Run a grid: the papers’ experiments"]
+    assert "<!--" not in visible("article")[0].text, "a code block's marker (an HTML comment) shows"
     yaml = visible("div.highlight-yaml pre")
     assert yaml and "axes:" in yaml[0].text and "```" not in yaml[0].text
     assert yaml[0].find_elements("css selector", "span.nt"), "the YAML block is not highlighted (no key tokens)"
