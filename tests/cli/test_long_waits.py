@@ -20,7 +20,7 @@ from test_ctrl_c import RUNS, SHORT
 from test_first_hour import CLASSES, MODEL_KWARGS, assert_short_error, project, run, write_folder  # noqa: F401
 
 from polyattn_lightning import waits
-from polyattn_lightning.attention.kernels import cpp
+from polyattn_lightning.attention.kernels.base import cpp
 from polyattn_lightning.cli.run_log import RUN_LOG, run_log
 from polyattn_lightning.data.image_folder import ImageFolderDataModule
 from polyattn_lightning.data.lra import listops, snakes
