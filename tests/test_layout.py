@@ -109,27 +109,20 @@ def test_attention_imports_no_diagnostics_callbacks_or_tasks():
     assert not wrong
 
 
+def kernel_imports(modules: list[str]) -> list[str]:
+    """``module -> kernel module`` for each of ``modules`` that imports one under ``attention/kernels/``."""
+    return [f"{m} -> {t}" for m in modules for t in imports(m) if t.startswith(f"{PACKAGE.name}.attention.kernels")]
+
+
 def test_switch_imports_no_kernel_module():
     """The switches reach the kernels through ``attention()`` only (training and decoding alike): no module under
     ``attention/switch/`` imports one under ``attention/kernels/``."""
-    wrong = [
-        f"{m} -> {t}"
-        for m in MODULES
-        if m.startswith(f"{PACKAGE.name}.attention.switch")
-        for t in imports(m)
-        if t.startswith(f"{PACKAGE.name}.attention.kernels")
-    ]
+    wrong = kernel_imports([m for m in MODULES if m.startswith(f"{PACKAGE.name}.attention.switch")])
     assert not wrong, "\n".join(wrong)
 
 
 def test_callbacks_and_tasks_import_no_kernel_module():
-    wrong = [
-        f"{m} -> {t}"
-        for m in MODULES
-        if room(m) in ("callbacks", "tasks")
-        for t in imports(m)
-        if t.startswith(f"{PACKAGE.name}.attention.kernels")
-    ]
+    wrong = kernel_imports([m for m in MODULES if room(m) in ("callbacks", "tasks")])
     assert not wrong, "\n".join(wrong)
 
 
