@@ -34,7 +34,7 @@ from .console import default_progress_bar, say_where, say_written, without_versi
 from .defaults import add_defaults, batch_limits_read_as_counts, given_short_keys, standard_off
 from .parser import renamed_options
 from .prechecks import check_config, check_moved_configs, check_yaml_syntax
-from .run_log import run_log
+from .run_log import kept_for_run_log, run_log
 from .runs import place_logs, removed_if_unstarted, resume_command, resumed_run_dir
 
 
@@ -122,11 +122,13 @@ class PolyattnCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Also tell the model which checkpoint's saved hyperparameters built it (``hparams_checkpoint``), so its
         errors can name that checkpoint rather than the config the values no longer come from. Under the sharded
-        strategy the model is built later, in ``configure_model`` (:func:`~.sharding.build_later`)."""
+        strategy the model is built later, in ``configure_model`` (:func:`~.sharding.build_later`). What the building
+        says (a model build, a conversion, a kernel compilation) is kept for the run's ``run.log``, which opens once
+        the trainer knows the run's folder (:func:`.run_log.kept_for_run_log`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         strategy = component_class(config.trainer.get("strategy"))
         sharded = isinstance(strategy, type) and issubclass(strategy, ShardedStrategy)
-        with build_later() if sharded else contextlib.nullcontext():
+        with build_later() if sharded else contextlib.nullcontext(), kept_for_run_log() as self.early_records:
             super().instantiate_classes()
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
         if ckpt_path and self.model is not None:
@@ -181,7 +183,11 @@ class PolyattnCLI(LightningCLI):
             if isinstance(callback, StopOnSignal) and self.given_args:
                 callback.resume_command = functools.partial(resume_command, self.given_args)
         try:
-            with removed_if_unstarted(log_dir, trainer), run_log(log_dir), warnings.catch_warnings():
+            with (
+                removed_if_unstarted(log_dir, trainer),
+                run_log(log_dir, self.early_records),
+                warnings.catch_warnings(),
+            ):
                 say_where(subcommand, log_dir, ckpt_path if resumed_here else None)
                 if resumed_here:  # ModelCheckpoint's setup warns about any folder with files in it
                     own = re.escape(os.path.join(trainer.log_dir, "checkpoints"))

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import waits
 from ..errors import ConfigError, DataError, MissingPathError
 from .base import DataModule
 from .image_check import require_readable
@@ -253,7 +254,8 @@ class COCODataModule(DataModule):
         splits = ["train2017", "val2017"] if stage == "fit" else ["val2017"]
         for split in splits:
             ann_file, img_dir = self.split_paths(split)
-            categories = read_annotations(ann_file, img_dir)
+            with waits.Wait(f"checking the COCO annotations {ann_file}", after=waits.QUIET_SECONDS):
+                categories = read_annotations(ann_file, img_dir)
             classes = check_classes(self.given_classes, [cat["name"] for cat in categories], ann_file)
             if self.classes is not None and classes != self.classes:
                 raise COCODataError(
@@ -284,7 +286,10 @@ class COCODataModule(DataModule):
         CocoDataset, transforms, _ = _mmdet()
         ann_file, img_dir = self.split_paths(split)
         pipeline = self._train_pipeline() if train else self._test_pipeline()
-        with contextlib.redirect_stdout(io.StringIO()) as chatter:  # pycocotools' "loading annotations ..."
+        loading = waits.Wait(
+            f"loading the COCO annotations {ann_file} into mmdet's CocoDataset", after=waits.QUIET_SECONDS
+        )
+        with loading, contextlib.redirect_stdout(io.StringIO()) as chatter:  # pycocotools' "loading annotations ..."
             dataset = _checked_dataset_class(CocoDataset)(
                 ann_file=str(ann_file),
                 data_prefix={"img": str(img_dir)},

@@ -21,7 +21,7 @@ from test_first_hour import CLASSES, MODEL_KWARGS, assert_short_error, project, 
 
 from polyattn_lightning import waits
 from polyattn_lightning.attention.kernels.base import cpp
-from polyattn_lightning.cli.run_log import RUN_LOG, run_log
+from polyattn_lightning.cli.run_log import RUN_LOG, kept_for_run_log, run_log
 from polyattn_lightning.data.image_folder import ImageFolderDataModule
 from polyattn_lightning.data.lra import listops, snakes
 from polyattn_lightning.tasks.classification import ClassificationModule
@@ -71,6 +71,18 @@ def test_a_wait_that_is_often_short_says_nothing_when_short_and_once_it_lasts_wh
     assert re.fullmatch(r"long: it takes time \(for [\d.]+ s so far\)", lines[0]), lines
     assert re.fullmatch(r"long: done in [\d.]+ s", lines[-1]) and not any("short" in line for line in lines)
     assert capsys.readouterr().err.splitlines() == lines
+
+
+def test_what_is_said_before_the_run_folder_is_known_opens_its_run_log_in_order(tmp_path, fast_waits, capsys):
+    with kept_for_run_log() as earlier:  # as the CLI builds the model before the trainer names the run's folder
+        with waits.Wait("building", after=0.0):
+            pass
+    with run_log(tmp_path / "run", earlier) as log_file:
+        waits.say("fit: writing logs")
+    lines = messages(log_file)
+    assert lines[0] == "building" and re.fullmatch(r"building: done in [\d.]+ s", lines[1]), lines
+    assert lines[2:] == ["fit: writing logs"]
+    assert [record.getMessage() for record in earlier] == lines[:2]
 
 
 def test_indexing_an_image_folder_and_building_a_model_say_so_once_they_last(tmp_path, monkeypatch, fast_waits):
@@ -238,7 +250,10 @@ def test_fit_without_a_bar_says_steps_and_a_heartbeat_in_run_log_and_output_and_
     where = [lines.index(line) for line in lines if line.startswith("fit: ")]
     assert lines[where[0]] == f"fit: writing logs, config and checkpoints/ to {RUNS / 'version_0'}"
     assert lines[where[1]].startswith(f"fit: resuming {last}")
-    assert where[0] == 0 and where[0] < steps[0][0] < steps[3][0] < where[1] < steps[4][0]
+    # what building the trainer said before the run's folder was known comes first, as on the terminal
+    assert lines[:where[0]] == ["GPU available: False, used: False", "TPU available: False, using: 0 TPU cores"]
+    assert first["output"].index(lines[0]) < first["output"].index(lines[where[0]])
+    assert where[0] < steps[0][0] < steps[3][0] < where[1] < steps[4][0]
     assert "`Trainer.fit` stopped: `max_epochs=3` reached." in lines[steps[3][0]:where[1]]
     assert "`Trainer.fit` stopped: `max_epochs=4` reached." in lines[where[1]:]
     # the terminal (here, a pipe) says the same lines

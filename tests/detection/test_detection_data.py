@@ -206,3 +206,50 @@ def test_check_data_and_check_images_name_every_corrupt_jpeg_of_a_coco_folder(co
         tiny_data(root, check_images=True).setup("fit")
     assert all(str(path) in str(error.value) for path in bad)
     tiny_data(coco_root, check_images=True).setup("fit")  # an intact set passes
+
+
+def test_reading_the_annotations_says_so_once_it_lasts(coco_root, tmp_path, monkeypatch):
+    """COCO 2017's annotation files take a while to read and check: each read that lasts says what it reads, in the
+    run's log, then how long it took (here the reads are slowed until their first line is out)."""
+    import time
+
+    from polyattn_lightning import waits
+    from polyattn_lightning.cli.run_log import run_log
+    from polyattn_lightning.data import coco
+
+    monkeypatch.setattr(waits, "QUIET_SECONDS", 0.05)
+    monkeypatch.setattr(waits, "LOG_SECONDS", 0.05)
+    log_file = tmp_path / "run" / "run.log"
+
+    def until_logged(text: str) -> None:
+        deadline = time.monotonic() + 120
+        while not (log_file.is_file() and text in log_file.read_text()):
+            assert time.monotonic() < deadline, f"{text!r} never reached {log_file}"
+            time.sleep(0.01)
+
+    read_annotations, checked_class = coco.read_annotations, coco._checked_dataset_class
+    checking, loading = "checking the COCO annotations", "loading the COCO annotations"
+
+    def slow_read(ann_file, img_dir):
+        until_logged(f"{checking} {ann_file}")
+        return read_annotations(ann_file, img_dir)
+
+    def slow_class(dataset_class):
+        def make(**kwargs):
+            until_logged(f"{loading} {kwargs['ann_file']}")
+            return checked_class(dataset_class)(**kwargs)
+
+        return make
+
+    monkeypatch.setattr(coco, "read_annotations", slow_read)
+    monkeypatch.setattr(coco, "_checked_dataset_class", slow_class)
+    with run_log(log_file.parent):
+        data = tiny_data(coco_root)
+        data.setup("fit")
+    said = log_file.read_text()
+    for split in ("train2017", "val2017"):
+        ann_file = coco_root / "annotations" / f"instances_{split}.json"
+        assert f"{checking} {ann_file} (for " in said and f"{checking} {ann_file}: done in " in said, said
+        loads = f"{loading} {ann_file} into mmdet's CocoDataset"
+        assert f"{loads} (for " in said and f"{loads}: done in " in said, said
+    assert len(data.train_set) == TINY_SET.train_images and len(data.val_set) == TINY_SET.val_images
