@@ -1,0 +1,109 @@
+"""Causal LMs through lm-evaluation-harness (the ``[eval]`` extra), in this process: the model is loaded with the
+project's attention switched back on (:func:`load_causal_lm`), wrapped in lm-eval's ``HFLM`` and run with
+``simple_evaluate`` on the tasks asked for: the local ones (:mod:`.local_tasks`, read from files: nothing is
+downloaded) and any task lm-eval knows (they download their data: they need the network).
+
+:func:`evaluate_language` writes each model's results as lm-eval's own CLI does (``simple_evaluate``'s dict without
+the per-sample records, numpy values made plain, ``json.dumps(indent=2, default=handle_non_serializable)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, UserInputError
+from ..waits import Wait
+from .local_tasks import LOCAL_TASKS, write_tasks
+from .sources import Source, tokenizer_folder
+
+#: The pip extra that installs lm-evaluation-harness.
+EXTRA = 'pip install -e ".[eval]"'
+#: The environment that keeps ``datasets`` and the Hub from reaching the network (local tasks only).
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def import_harness():
+    """lm-eval's ``(HFLM, simple_evaluate, TaskManager, handle_non_serializable)``; a missing extra said in one
+    line."""
+    try:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+        from lm_eval.utils import handle_non_serializable
+    except ImportError as err:
+        raise UserInputError(f"polyattn eval of a language model needs lm-evaluation-harness: {EXTRA} ({err})")
+    return HFLM, simple_evaluate, TaskManager, handle_non_serializable
+
+
+def load_causal_lm(source: Source):
+    """The model (switched to its activation, eval mode) and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from ..models.hf_pretrained import load_tokenizer
+
+    if source.kind == "folder":
+        config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ConfigError(
+                f"{source.path}: a {config.model_type} model ({', '.join(config.architectures or [])}) is not a "
+                "causal LM; polyattn eval runs lm-eval on causal LMs (vision tasks: give the run's checkpoint)"
+            )
+        from ..attention.switch.hf import load_pretrained
+
+        model = load_pretrained(source.path, AutoModelForCausalLM)
+    else:
+        from ..tasks import HFCausalLM
+
+        model = HFCausalLM.load_from_checkpoint(source.path, map_location="cpu", weights_only=True).model
+    return model.eval(), load_tokenizer(tokenizer_folder(source), f"{source.label}: tokenizer")
+
+
+def check_tasks(manager, tasks: list[str]) -> None:
+    """Every task name one lm-eval knows (the local ones included)."""
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(
+            f"--tasks: lm-eval knows no task {', '.join(unknown)}; the local tasks are {', '.join(LOCAL_TASKS)}, "
+            "any other is one of `lm-eval ls tasks`"
+        )
+
+
+def evaluate_language(
+    sources: list[Source],
+    tasks: list[str],
+    out: Path,
+    text: Path,
+    limit: int | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Run lm-eval's ``tasks`` on every model; ``out/<label>.json`` holds each one's results (lm-eval's format),
+    ``out/tasks/`` the local tasks' files. Only local tasks: no network is reached (``HF_*_OFFLINE`` set)."""
+    HFLM, simple_evaluate, TaskManager, handle_non_serializable = import_harness()
+    local = [task for task in tasks if task in LOCAL_TASKS]
+    if local:
+        write_tasks(out / "tasks", text, local, seed)
+    if len(local) == len(tasks):
+        os.environ.update(OFFLINE)
+    manager = TaskManager(include_path=str(out / "tasks") if local else None)
+    check_tasks(manager, tasks)
+    results = {}
+    for source in sources:
+        model, tokenizer = load_causal_lm(source)
+        with Wait(f"lm-eval on {source.label}", why=f"{', '.join(tasks)} ({source.path})", after=10):
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+            result = simple_evaluate(
+                model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False, random_seed=seed,
+                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            )  # fmt: skip
+        result.pop("samples", None)
+        result["config"]["model"] = str(source.path)
+        (out / f"{source.label}.json").write_text(
+            json.dumps(result, indent=2, default=handle_non_serializable, ensure_ascii=False), encoding="utf-8"
+        )
+        results[source.label] = result
+    return results
