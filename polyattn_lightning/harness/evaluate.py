@@ -62,15 +62,17 @@ def evaluate(
     check_out(out)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit}: expected a number of documents per task, at least 1")
-    out.mkdir(parents=True, exist_ok=True)
     if kinds == {True}:
-        from .language import evaluate_language
+        from .language import evaluate_language, import_harness
 
+        import_harness()  # a missing extra said before anything is written
+        out.mkdir(parents=True, exist_ok=True)
         held_out = Path(text) if text is not None else default_text()
         results = evaluate_language(sources, list(tasks), out, held_out, limit, batch_size, seed)
     else:
         from .vision import evaluate_vision
 
+        out.mkdir(parents=True, exist_ok=True)
         results = evaluate_vision(sources, out)
     table = side_by_side(results)
     (out / "table.md").write_text(table + "\n", encoding="utf-8")

@@ -9,8 +9,10 @@ the per-sample records, numpy values made plain, ``json.dumps(indent=2, default=
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,14 @@ def load_causal_lm(source: Source):
 
     if source.kind == "folder":
         config = AutoConfig.from_pretrained(source.path, local_files_only=True)
-        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not causal & set(config.architectures or []):
             raise ConfigError(
-                f"{source.path}: a {config.model_type} model ({', '.join(config.architectures or [])}) is not a "
-                "causal LM; polyattn eval runs lm-eval on causal LMs (vision tasks: give the run's checkpoint)"
+                f"{source.path}: a {', '.join(config.architectures or [config.model_type])} is not a causal LM; "
+                "polyattn eval runs lm-eval on causal LMs (a vision run: give its checkpoint)"
             )
+    tokenizer = load_tokenizer(tokenizer_folder(source), f"{source.label}: tokenizer")
+    if source.kind == "folder":
         from ..attention.switch.hf import load_pretrained
 
         model = load_pretrained(source.path, AutoModelForCausalLM)
@@ -59,7 +64,7 @@ def load_causal_lm(source: Source):
         from ..tasks import HFCausalLM
 
         model = HFCausalLM.load_from_checkpoint(source.path, map_location="cpu", weights_only=True).model
-    return model.eval(), load_tokenizer(tokenizer_folder(source), f"{source.label}: tokenizer")
+    return model.eval(), tokenizer
 
 
 def check_tasks(manager, tasks: list[str]) -> None:
@@ -87,10 +92,42 @@ def evaluate_language(
     local = [task for task in tasks if task in LOCAL_TASKS]
     if local:
         write_tasks(out / "tasks", text, local, seed)
-    if len(local) == len(tasks):
-        os.environ.update(OFFLINE)
-    manager = TaskManager(include_path=str(out / "tasks") if local else None)
+    only_local = len(local) == len(tasks)
+    if only_local:  # lm-eval's own tasks not indexed (thousands of files): only the local ones
+        manager = TaskManager(include_path=str(out / "tasks"), include_defaults=False)
+    else:
+        with Wait("indexing lm-eval's tasks", why="thousands of task files, read once", after=10):
+            manager = TaskManager(include_path=str(out / "tasks") if local else None)
     check_tasks(manager, tasks)
+    with offline() if only_local else contextlib.nullcontext():
+        return evaluate_models(sources, tasks, manager, out, limit, batch_size, seed)
+
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """``datasets`` and the Hub kept from the network while the body runs: the environment (:data:`OFFLINE`) and
+    the flags both libraries read from it on import."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved = {name: os.environ.get(name) for name in OFFLINE}
+    flags = datasets.config.HF_DATASETS_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    os.environ.update(OFFLINE)
+    datasets.config.HF_DATASETS_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_DATASETS_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = flags
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def evaluate_models(sources, tasks, manager, out, limit, batch_size, seed) -> dict[str, dict[str, Any]]:
+    """``simple_evaluate`` of every model on the tasks ``manager`` holds; each result written as lm-eval does."""
+    HFLM, simple_evaluate, _, handle_non_serializable = import_harness()
     results = {}
     for source in sources:
         model, tokenizer = load_causal_lm(source)
