@@ -1,6 +1,6 @@
 """What a model given to ``polyattn eval`` names, read before anything is built: a ``save_pretrained`` folder of a
 causal LM (its tokenizer beside it), or a run's Lightning checkpoint (a ``.ckpt`` file, or a run folder: its
-``checkpoints/best.ckpt``, else ``last.ckpt``), of a causal LM or of a vision task.
+best checkpoint, else its last), of a causal LM or of a vision task.
 
 A checkpoint of a conversion run (a pretrained ``model`` folder converted with ``convert``) names its softmax
 teacher: :func:`teacher_of` finds it, for the teacher to stand beside the student in the table.
@@ -19,8 +19,8 @@ from ..cli.config import class_from_path
 from ..cli.runs import checkpoint_run_dir, newest_saved_config
 from ..errors import ConfigError, MissingPathError
 
-#: The checkpoints a run folder stands for, first found first.
-RUN_CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
+#: The checkpoints a run folder stands for: its best (the newest ``best*.ckpt``), else its last.
+RUN_CHECKPOINTS = ("checkpoints/best*.ckpt", "checkpoints/last.ckpt")
 #: The task classes whose checkpoints hold a causal LM.
 CAUSAL_TASKS = ("HFCausalLM",)
 
@@ -56,7 +56,9 @@ def find(given: str) -> Source:
     if path.is_dir() and (path / "config.json").is_file():
         return Source(label or path.name, path, "folder")
     if path.is_dir():
-        found = [path / name for name in RUN_CHECKPOINTS if (path / name).is_file()]
+        found = [
+            max(files, key=lambda f: f.stat().st_mtime) for name in RUN_CHECKPOINTS if (files := list(path.glob(name)))
+        ]
         if not found:
             raise MissingPathError(
                 f"{path} is neither a save_pretrained folder (no config.json) nor a run folder (no "

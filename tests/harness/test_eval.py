@@ -168,3 +168,4 @@ def test_a_conversion_run_names_its_teacher(folders, tmp_path):
     assert teacher_of(student).path == root / "teacher"
     assert teacher_of(Source("s", tmp_path, "checkpoint", "HFCausalLM", {**hparams, "attention": "softmax"})) is None
     assert teacher_of(Source("s", tmp_path, "checkpoint", "HFCausalLM", {**hparams, "convert": None})) is None
+
