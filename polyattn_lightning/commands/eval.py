@@ -40,6 +40,7 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the command; returns each model's results by label (:func:`polyattn_lightning.harness.evaluate`)."""
     args = parser().parse_args(argv)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     return evaluate(args.models, args.out, tasks, args.text, args.limit, args.batch_size, args.seed)

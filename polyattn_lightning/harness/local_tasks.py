@@ -22,9 +22,14 @@ import yaml
 
 from ..errors import DataError, MissingPathError
 
+#: The perplexity task: each held-out line scored with ``loglikelihood_rolling``.
 PERPLEXITY = "polyattn_heldout"
+#: The multiple-choice task: the sum a story ends with, among four.
 CHOICE = "polyattn_sums"
+#: The tasks ``polyattn eval`` writes and runs by default.
 LOCAL_TASKS = (PERPLEXITY, CHOICE)
+#: How many choices an item offers (the right sum first drawn, then shuffled).
+CHOICES = 4
 #: The perplexity task's metrics and lm-eval's aggregation of each.
 PERPLEXITY_METRICS = {
     "word_perplexity": "weighted_perplexity",
@@ -33,7 +38,6 @@ PERPLEXITY_METRICS = {
 }
 #: Other sums offered beside the right one, from this range (two counts of 1..9).
 SUMS = range(2, 19)
-CHOICES = 4
 #: A story's sum: ``... now alice has`` / ``... together alice and bob have``, the sum, then the rest.
 SUM = re.compile(r"^(?P<context>.* (?:now \w+ has|have)) (?P<sum>\d+) (?P<rest>.+)$")
 
