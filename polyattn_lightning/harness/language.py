@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,17 @@ from .sources import Source, tokenizer_folder
 
 #: The pip extra that installs lm-evaluation-harness.
 EXTRA = 'pip install -e ".[eval]"'
+#: lm-eval's warnings on a model passed as an object, as this command always does (no user can act on them).
+MODEL_OBJECT_NOTES = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+
+class _DropModelObjectNotes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(MODEL_OBJECT_NOTES)
+
+
+_DROP_MODEL_OBJECT_NOTES = _DropModelObjectNotes()  # one instance: adding it again is a no-op
+
 #: The environment that keeps ``datasets`` and the Hub from reaching the network (local tasks only).
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
@@ -128,6 +140,7 @@ def offline() -> Iterator[None]:
 def evaluate_models(sources, tasks, manager, out, limit, batch_size, seed) -> dict[str, dict[str, Any]]:
     """``simple_evaluate`` of every model on the tasks ``manager`` holds; each result written as lm-eval does."""
     HFLM, simple_evaluate, _, handle_non_serializable = import_harness()
+    logging.getLogger(HFLM.__module__).addFilter(_DROP_MODEL_OBJECT_NOTES)
     results = {}
     for source in sources:
         model, tokenizer = load_causal_lm(source)

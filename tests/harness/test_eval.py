@@ -85,13 +85,17 @@ def choice_accuracy(model, tokenizer, items: list[dict]) -> float:
     return right / len(items)
 
 
-def test_teacher_and_student_side_by_side_match_their_hand_computed_numbers(folders, tmp_path, capsys):
+def test_teacher_and_student_side_by_side_match_their_hand_computed_numbers(folders, tmp_path, capsys, caplog):
+    import datasets.config
     from transformers import AutoModelForCausalLM
 
     root, text, tokenizer = folders
     out = tmp_path / "out"
+    online = datasets.config.HF_DATASETS_OFFLINE
     cli_main(["eval", f"teacher={root / 'teacher'}", f"student={root / 'student'}", "--out", str(out),
                         "--text", str(text), "--batch-size", "4"])  # fmt: skip
+    assert datasets.config.HF_DATASETS_OFFLINE == online  # offline while the local tasks ran, as it was after
+    assert "already-initialized model" not in caplog.text  # lm-eval's notes on a model object: not shown
     lines = text.read_text().splitlines()
     items = choice_items(lines)
     assert len(items) == len(lines)  # every story ends with its sum
