@@ -143,8 +143,8 @@ def evaluate_models(sources, tasks, manager, out, limit, batch_size, seed) -> di
     logging.getLogger(HFLM.__module__).addFilter(_DROP_MODEL_OBJECT_NOTES)
     results = {}
     for source in sources:
-        model, tokenizer = load_causal_lm(source)
-        with Wait(f"lm-eval on {source.label}", why=f"{', '.join(tasks)} ({source.path})", after=10):
+        with Wait(f"lm-eval on {source.label}", why=f"loading it, then {', '.join(tasks)} ({source.path})", after=10):
+            model, tokenizer = load_causal_lm(source)
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
             result = simple_evaluate(
                 model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False, random_seed=seed,

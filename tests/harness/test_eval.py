@@ -173,3 +173,20 @@ def test_a_conversion_run_names_its_teacher(folders, tmp_path):
     assert teacher_of(Source("s", tmp_path, "checkpoint", "HFCausalLM", {**hparams, "attention": "softmax"})) is None
     assert teacher_of(Source("s", tmp_path, "checkpoint", "HFCausalLM", {**hparams, "convert": None})) is None
 
+
+
+def test_a_runs_checkpoint_gives_the_numbers_of_its_export(tmp_path, monkeypatch):
+    """A run folder (its checkpoint rebuilt, the tokenizer from its saved config's data) and the folder the same run
+    exported evaluate alike."""
+    from training_helpers import fit
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    run = fit("--config", str(ROOT / "configs" / "hf" / "tiny_llama_poly3.yaml"), "--data.train_size", "120",
+              "--data.val_size", "16", "--data.test_size", "16", "--trainer.max_steps", "2",
+              "--model.init_args.export_dir", "exported")  # fmt: skip
+    text = run.datamodule.files()["test"]
+    cli_main(["eval", f"run={run.trainer.log_dir}", "exported", "--out", "out", "--text", text])
+    from_run, exported = (json.loads(Path(f"out/{label}.json").read_text())["results"] for label in ("run", "exported"))
+    assert from_run[PERPLEXITY]["word_perplexity,none"] == pytest.approx(exported[PERPLEXITY]["word_perplexity,none"])
+    assert from_run[CHOICE]["acc,none"] == exported[CHOICE]["acc,none"]
