@@ -66,7 +66,6 @@ def evaluate(
         from .language import evaluate_language, import_harness
 
         import_harness()  # a missing extra said before anything is written
-        out.mkdir(parents=True, exist_ok=True)
         held_out = Path(text) if text is not None else default_text()
         results = evaluate_language(sources, list(tasks), out, held_out, limit, batch_size, seed)
     else:

@@ -52,21 +52,28 @@ def import_harness():
     return HFLM, simple_evaluate, TaskManager, handle_non_serializable
 
 
+def check_causal(source: Source) -> None:
+    """A saved folder must hold a causal LM (a checkpoint's task class says so: :attr:`Source.language`)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if source.kind != "folder":
+        return
+    config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not causal & set(config.architectures or []):
+        raise ConfigError(
+            f"{source.path}: a {', '.join(config.architectures or [config.model_type])} is not a causal LM; "
+            "polyattn eval runs lm-eval on causal LMs (a vision run: give its checkpoint)"
+        )
+
+
 def load_causal_lm(source: Source):
     """The model (switched to its activation, eval mode) and its tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import AutoModelForCausalLM
 
     from ..models.hf_pretrained import load_tokenizer
 
-    if source.kind == "folder":
-        config = AutoConfig.from_pretrained(source.path, local_files_only=True)
-        causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not causal & set(config.architectures or []):
-            raise ConfigError(
-                f"{source.path}: a {', '.join(config.architectures or [config.model_type])} is not a causal LM; "
-                "polyattn eval runs lm-eval on causal LMs (a vision run: give its checkpoint)"
-            )
     tokenizer = load_tokenizer(tokenizer_folder(source), f"{source.label}: tokenizer")
     if source.kind == "folder":
         from ..attention.switch.hf import load_pretrained
@@ -80,7 +87,7 @@ def load_causal_lm(source: Source):
 
 
 def check_tasks(manager, tasks: list[str]) -> None:
-    """Every task name one lm-eval knows (the local ones included)."""
+    """Every task name one lm-eval knows."""
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise ConfigError(
@@ -99,18 +106,23 @@ def evaluate_language(
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Run lm-eval's ``tasks`` on every model; ``out/<label>.json`` holds each one's results (lm-eval's format),
-    ``out/tasks/`` the local tasks' files. Only local tasks: no network is reached (``HF_*_OFFLINE`` set)."""
+    ``out/tasks/`` the local tasks' files (only local tasks: lm-eval's own are not indexed, and no network is
+    reached: :func:`offline`). Task names are checked before anything is written."""
     HFLM, simple_evaluate, TaskManager, handle_non_serializable = import_harness()
     local = [task for task in tasks if task in LOCAL_TASKS]
-    if local:
-        write_tasks(out / "tasks", text, local, seed)
-    only_local = len(local) == len(tasks)
-    if only_local:  # lm-eval's own tasks not indexed (thousands of files): only the local ones
-        manager = TaskManager(include_path=str(out / "tasks"), include_defaults=False)
-    else:
+    others = [task for task in tasks if task not in LOCAL_TASKS]
+    for source in sources:  # models and task names checked before anything is written
+        check_causal(source)
+    if others:
         with Wait("indexing lm-eval's tasks", why="thousands of task files, read once", after=10):
-            manager = TaskManager(include_path=str(out / "tasks") if local else None)
-    check_tasks(manager, tasks)
+            manager = TaskManager()
+        check_tasks(manager, others)
+    if local:
+        write_tasks(out / "tasks", text, local, seed)  # a bad --text refused before it writes
+        with Wait("indexing lm-eval's tasks and the local ones", why="thousands of task files", after=10):
+            manager = TaskManager(include_path=str(out / "tasks"), include_defaults=bool(others))
+    out.mkdir(parents=True, exist_ok=True)
+    only_local = not others
     with offline() if only_local else contextlib.nullcontext():
         return evaluate_models(sources, tasks, manager, out, limit, batch_size, seed)
 

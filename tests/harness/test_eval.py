@@ -156,12 +156,14 @@ def test_bad_path_unknown_task_non_causal_model_and_a_used_out_folder_are_refuse
         (str(root / "teacher"), "--out", str(tmp_path / "o2"), "--tasks", "no_such_task"): "no_such_task",
         (str(tmp_path / "bert"), "--out", str(tmp_path / "o3")): "not a causal LM",
         (str(root / "teacher"), "--out", str(tmp_path / "used")): "not an empty folder",
+        (str(root / "teacher"), "--out", str(tmp_path / "o4"), "--text", str(tmp_path / "no.txt")): "no.txt does not",
     }
     for args, message in cases.items():
         with pytest.raises(SystemExit) as exit_info:
-            cli_main(["eval", *args, "--text", str(text)])
+            cli_main(["eval", "--text", str(text), *args])  # a --text in args wins
         [line] = error_lines(capsys.readouterr().err)
         assert exit_info.value.code == 2 and message in line, (args, line)
+        assert not Path(args[2]).exists() or args[2].endswith("used"), args  # refused before anything is written
     assert (tmp_path / "used" / "mine.txt").read_text() == "kept"
 
 
