@@ -28,7 +28,7 @@ LAYERS = (
     {"data", "sharding"},
     {"callbacks", "tasks"},
     {"cli"},
-    {"grids"},
+    {"grids", "harness"},
     {"commands", "bench", "__main__"},
 )
 
