@@ -5,11 +5,12 @@ package imports neither timm nor transformers. ``model_folder("package:gt_all_mi
 config's ``package:`` names, checked to hold a model.
 """
 
-from . import deprecated
+from . import deprecated, hf_registration
 
 __version__ = "0.1.0"
 
 deprecated.install()
+hf_registration.install()  # a saved switched HF model loads switched: the attention registers with transformers
 
 #: Top-level names, imported on first use: ``name -> module``.
 _LAZY = {

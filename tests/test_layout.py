@@ -22,7 +22,7 @@ LAYERS = (
     {"errors", "deprecated", "logs", "waits"},
     {"rng", "distributed", "checkpoint"},
     {"attention"},
-    {"diagnostics", "models"},
+    {"diagnostics", "models", "hf_registration"},
     {"conversion"},
     {"detection"},
     {"data", "sharding"},

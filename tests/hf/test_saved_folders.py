@@ -4,8 +4,9 @@ Its config names the project's attention implementation (``attn_implementation: 
 never imports the project gets transformers' refusal instead of a softmax model with weights trained for poly3, for
 families switched through the interface (BERT, Llama), by adapters (DeBERTa-v2, GPT-Neo) and both (SigLIP). A folder
 of a softmax model stays plain: it loads anywhere with HF's own outputs. ``load_pretrained`` loads every one switched,
-with the saved model's outputs; a plain ``from_pretrained`` in a process that imported the project does not compute
-softmax silently for an interface family (its first forward refuses).
+with the saved model's outputs. In a fresh process that imported the project, a plain ``from_pretrained`` loads an
+interface family switched (exactly the saved model's outputs), and refuses a family with adapter-switched modules in
+one line naming ``load_pretrained`` (their code does not call the interface: a plain load would compute softmax).
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import torch
 
 from polyattn_lightning.attention.switch import attention_modules, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained, probe_inputs
+from polyattn_lightning.attention.switch.hf.saved import LOAD_PRETRAINED
 from polyattn_lightning.bench.hf_support import build, family, model_class, run
-from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.tasks import HFCausalLM
 
 FAMILIES = ["bert", "llama", "deberta-v2", "gpt-neo", "siglip"]
+#: The families switched through the AttentionInterface alone; the others have adapter-switched modules.
+INTERFACE = ("bert", "llama")
+
+
+def saved_implementation(key: str) -> str:
+    return "polyattn" if key in INTERFACE else LOAD_PRETRAINED
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +53,9 @@ def saved(tmp_path_factory) -> dict:
         poly3 = run(model, inputs)
         assert (poly3 - hf_softmax).abs().max() > 1e-2  # what a silent softmax load would get wrong
         model.save_pretrained(root / key / "poly3")
-        torch.save({"inputs": inputs, "softmax": first_output}, root / key / "reference.pt")
+        with torch.no_grad():
+            first_poly3 = model(**inputs).to_tuple()[0]
+        torch.save({"inputs": inputs, "softmax": first_output, "poly3": first_poly3}, root / key / "reference.pt")
         found[key] = {"folder": root / key, "inputs": inputs, "poly3": poly3, "class": fam.model}
     return found
 
@@ -80,29 +89,51 @@ def test_a_fresh_process_without_the_project_refuses_poly3_and_loads_softmax(sav
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report.pop("imported") == []
     for key, seen in report.items():
-        assert seen["refused"] is not None and 'attn_implementation="polyattn"` is not supported' in seen["refused"], (
-            key
-        )
+        refusal = f'attn_implementation="{saved_implementation(key)}"` is not supported'
+        assert seen["refused"] is not None and refusal in seen["refused"], (key, seen["refused"])
         assert seen["softmax_difference"] < 1e-4, key
 
 
 def test_load_pretrained_switches_every_family_back_with_the_saved_outputs(saved):
     for key, entry in saved.items():
         config = json.loads((entry["folder"] / "poly3" / "config.json").read_text())
-        assert (config["attn_implementation"], config["polyattn_attention"]) == ("polyattn", "poly3"), key
+        assert (config["attn_implementation"], config["polyattn_attention"]) == (saved_implementation(key), "poly3"), key
         assert "attn_implementation" not in json.loads((entry["folder"] / "softmax" / "config.json").read_text())
         loaded = load_pretrained(entry["folder"] / "poly3", model_class(family(key))).eval()
         assert {m.activation_spec for _, m in attention_modules(loaded)} == {"poly3"}, key
         torch.testing.assert_close(run(loaded, entry["inputs"]), entry["poly3"], rtol=0, atol=0, msg=key)
 
 
-def test_a_plain_from_pretrained_with_the_project_imported_refuses_to_attend_unswitched(saved):
-    for key in ("bert", "llama"):
-        plain = model_class(family(key)).from_pretrained(saved[key]["folder"] / "poly3").eval()
-        with pytest.raises(
-            ConfigError, match="was not switched by polyattn_lightning's set_attention.*load_pretrained"
-        ):
-            run(plain, saved[key]["inputs"])
+def test_a_plain_from_pretrained_in_a_process_that_imported_the_project_loads_switched_or_refuses(saved, tmp_path):
+    script = textwrap.dedent("""
+        import json, sys
+        import polyattn_lightning  # before transformers: the attention registers once transformers is imported
+        import torch, transformers
+
+        report = {}
+        for key, (folder, name) in json.loads(sys.argv[1]).items():
+            reference = torch.load(folder + "/reference.pt", weights_only=True)
+            try:
+                model = getattr(transformers, name).from_pretrained(folder + "/poly3").eval()
+            except ValueError as error:
+                report[key] = {"refused": str(error).splitlines()[0]}
+                continue
+            with torch.no_grad():
+                first = model(**reference["inputs"]).to_tuple()[0]
+            report[key] = {"refused": None, "difference": (first - reference["poly3"]).abs().max().item()}
+        print(json.dumps(report))
+    """)
+    folders = {key: [str(entry["folder"]), entry["class"]] for key, entry in saved.items()}
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for key, seen in report.items():
+        if key in INTERFACE:
+            assert seen == {"refused": None, "difference": 0.0}, (key, seen)
+        else:
+            assert f'attn_implementation="{LOAD_PRETRAINED}"` is not supported' in seen["refused"], (key, seen)
 
 
 def test_switching_back_to_softmax_leaves_a_plain_folder_and_the_export_carries_the_mark(tmp_path):

@@ -48,6 +48,8 @@ from ..base import AttentionInputs
 from .extras import softcapped_attention, with_position_bias, with_sinks
 from .masks import interface_masks
 
+#: The config attribute that stores a switched model's activation (``saved.py`` writes it; here it is read).
+CONFIG_KEY = "polyattn_attention"
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
 #: The same attention function with HF's eager masks (float, 0 keep / ``finfo.min``), for models that do not
@@ -142,7 +144,11 @@ def decode_step(
 
 
 def _spec_of(module: nn.Module) -> ActivationSpec:
+    """The module's activation: set by ``set_attention``, else its config's (a ``save_pretrained`` folder of a switched
+    model loaded with ``from_pretrained``: ``saved.py``)."""
     spec = getattr(module, "activation_spec", None)
+    if spec is None:
+        spec = getattr(getattr(module, "config", None), CONFIG_KEY, None)
     if spec is None:
         raise ConfigError(
             f"{type(module).__name__} attends through attn_implementation={IMPLEMENTATION!r} but was not switched by "

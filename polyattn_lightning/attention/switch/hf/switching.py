@@ -50,7 +50,7 @@ from . import interface
 from .classes import switched_class
 from .families import adapter_for
 from .probe import probe_inputs
-from .saved import CONFIG_KEY, mark_config
+from .saved import CONFIG_KEY, LOAD_PRETRAINED, mark_config
 
 #: The activation of the probe forward: not softmax, so a softmax or SDPA call left in an attention layer shows.
 PROBE_ACTIVATION = "relu"
@@ -125,7 +125,7 @@ def set_attention(
             module.capture = None
         module.activation_spec = activation
     setattr(model.config, CONFIG_KEY, activation)
-    mark_config(model.config, activation)
+    mark_config(model.config, activation, LOAD_PRETRAINED if adapted else interface.implementation_for(model))
     return len(found)
 
 

@@ -321,14 +321,19 @@ def test_a_switched_model_pickles_and_saves_with_its_activation(tmp_path):
     torch.testing.assert_close(run(loaded, ids, mask), expected, atol=1e-6, rtol=1e-6)
 
 
-def test_a_model_from_the_implementation_name_alone_is_refused():
-    """A model built with attn_implementation='polyattn' but never switched has no activation: a clear error."""
+def test_a_model_built_from_a_switched_config_attends_with_its_activation_and_without_one_is_refused():
+    """A model built from a switched model's config (as ``from_pretrained`` builds a saved folder) reads the
+    activation from its config; one built with attn_implementation='polyattn' and no activation: a clear error."""
     model = tiny_bert()
-    set_attention(model, "poly3")
-    fresh = type(model)(copy.deepcopy(model.config)).eval()
+    set_attention(model, {"name": "poly3", "scale": 0.25})
     ids, mask = token_batch()
+    fresh = type(model)(copy.deepcopy(model.config)).eval()
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(run(fresh, ids, mask), run(model, ids, mask), atol=0, rtol=0)
+    config = copy.deepcopy(model.config)
+    del config.polyattn_attention
     with pytest.raises(ConfigError, match="BertSelfAttention attends through .* not switched by"):
-        run(fresh, ids, mask)
+        run(type(model)(config).eval(), ids, mask)
 
 
 def test_hf_masks_become_is_causal_and_key_padding_where_they_can():
