@@ -242,9 +242,10 @@ class HFTask(TaskModule):
             self.export(self.hparams.export_dir)  # every rank: a sharded model is gathered first
 
     def export(self, folder: str | Path) -> Path:
-        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer, and
-        :data:`EXPORT_MARKER`, by global rank 0; every rank calls it (a sharded model's weights are gathered,
-        :func:`~..sharding.full_state_dict`)."""
+        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer,
+        :data:`EXPORT_MARKER`, and where the model allows it the code that loads it with ``trust_remote_code``
+        (:func:`~..attention.switch.hf.saved.remote_code.write_remote_code`), by global rank 0; every rank calls it (a
+        sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
         model = self.model
         state, run_dir = full_state_dict(model), self.run_dir()
@@ -265,9 +266,13 @@ class HFTask(TaskModule):
             "global_step": self._trainer.global_step if self._trainer is not None else None,
         }
         (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-        rank_zero_info(
-            f"exported the model to {folder} (load it with polyattn_lightning.attention.switch.hf.load_pretrained)"
-        )
+        from ..attention.switch.hf.saved import remote_code  # imports transformers, as the model did
+
+        loads = "with polyattn_lightning.attention.switch.hf.load_pretrained"
+        if remote_code.remote_code_refusal(model) is None:
+            remote_code.write_remote_code(model, folder)
+            loads += ", or with trust_remote_code=True where the project is not installed"
+        rank_zero_info(f"exported the model to {folder} (load it {loads})")
         return folder
 
 

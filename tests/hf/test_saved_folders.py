@@ -12,6 +12,7 @@ one line naming ``load_pretrained`` (their code does not call the interface: a p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,8 @@ import torch
 
 from polyattn_lightning.attention.switch import attention_modules, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained, probe_inputs
-from polyattn_lightning.attention.switch.hf.saved import LOAD_PRETRAINED
+from polyattn_lightning.attention.switch.hf.saved import LOAD_PRETRAINED, write_remote_code
+from polyattn_lightning.errors import ConfigError
 from polyattn_lightning.bench.hf_support import build, family, model_class, run
 from polyattn_lightning.tasks import HFCausalLM
 
@@ -53,6 +55,11 @@ def saved(tmp_path_factory) -> dict:
         poly3 = run(model, inputs)
         assert (poly3 - hf_softmax).abs().max() > 1e-2  # what a silent softmax load would get wrong
         model.save_pretrained(root / key / "poly3")
+        if key in INTERFACE:  # the trust_remote_code route: only for families switched through the interface alone
+            write_remote_code(model, root / key / "poly3")
+        else:
+            with pytest.raises(ConfigError, match=f"cannot load through trust_remote_code: .*{LOAD_PRETRAINED}"):
+                write_remote_code(model, root / key / "poly3")
         with torch.no_grad():
             first_poly3 = model(**inputs).to_tuple()[0]
         torch.save({"inputs": inputs, "softmax": first_output, "poly3": first_poly3}, root / key / "reference.pt")
@@ -92,6 +99,39 @@ def test_a_fresh_process_without_the_project_refuses_poly3_and_loads_softmax(sav
         refusal = f'attn_implementation="{saved_implementation(key)}"` is not supported'
         assert seen["refused"] is not None and refusal in seen["refused"], (key, seen["refused"])
         assert seen["softmax_difference"] < 1e-4, key
+
+
+def test_trust_remote_code_loads_an_interface_family_switched_in_a_process_that_never_imports_the_project(saved,
+                                                                                                          tmp_path):
+    """Through an auto class (a model class named directly does not read ``auto_map``), the folder's
+    modeling_polyattn.py attends as the project does (its own naive fp32 code, not the project's kernels: equal
+    within 1e-5)."""
+    script = textwrap.dedent("""
+        import json, sys
+        import torch, transformers
+
+        report = {}
+        for key, (folder, name) in json.loads(sys.argv[1]).items():
+            reference = torch.load(folder + "/reference.pt", weights_only=True)
+            model = transformers.AutoModel.from_pretrained(folder + "/poly3", trust_remote_code=True).eval()
+            assert type(model).__name__ == name, type(model)
+            with torch.no_grad():
+                first = model(**reference["inputs"]).to_tuple()[0]
+            report[key] = {"difference": (first - reference["poly3"]).abs().max().item(),
+                           "implementation": model.config._attn_implementation}
+        report["imported"] = sorted(name for name in sys.modules if name.startswith("polyattn"))
+        print(json.dumps(report))
+    """)
+    folders = {key: [str(saved[key]["folder"]), saved[key]["class"]] for key in INTERFACE}
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)  # the project is not importable from the subprocess's working directory either
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True,
+                            cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report.pop("imported") == []
+    for key, seen in report.items():
+        assert seen["implementation"] == "polyattn" and seen["difference"] < 1e-5, (key, seen)
 
 
 def test_load_pretrained_switches_every_family_back_with_the_saved_outputs(saved):
@@ -145,4 +185,10 @@ def test_switching_back_to_softmax_leaves_a_plain_folder_and_the_export_carries_
     llama = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
     for attention, mark in (("poly3", "polyattn"), ("softmax", None)):
         folder = HFCausalLM(hf_config=llama, vocab_size=64, attention=attention).export(tmp_path / attention)
-        assert json.loads((folder / "config.json").read_text()).get("attn_implementation") == mark
+        config = json.loads((folder / "config.json").read_text())
+        assert config.get("attn_implementation") == mark
+        # the export adds the trust_remote_code route where the model allows it
+        assert (folder / "modeling_polyattn.py").is_file() == (mark is not None)
+        if mark is not None:
+            assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_polyattn.LlamaForCausalLM"
+            assert config["auto_map"]["AutoModel"] == "modeling_polyattn.LlamaModel"

@@ -3,9 +3,9 @@
 ``switching.py``: :func:`set_attention` (the interface or an adapter per module, proven by a probe forward) and
 :func:`load_pretrained`; ``interface.py``: the ``AttentionInterface`` function, preconditions and one call of
 ``attention()``; ``masks.py`` and ``extras.py``: what HF passes it; ``families/``: the adapters; ``classes.py``: the
-switched classes; ``saved.py``: what a saved folder carries; ``probe.py``: the probe's inputs; ``cache.py``:
-:class:`RecurrentCache`, generation from a fixed-size state. This package imports transformers; nothing else in
-the project does unless it is given an HF model.
+switched classes; ``saved/``: what a saved folder carries and what loads it; ``probe.py``: the probe's inputs;
+``cache.py``: :class:`RecurrentCache`, generation from a fixed-size state. This package imports transformers;
+nothing else in the project does unless it is given an HF model.
 """
 
 from .... import deprecated
@@ -14,7 +14,7 @@ from .classes import PREFIX, switched_class, switched_class_named
 from .interface import IMPLEMENTATION, polyattn_attention
 from .masks import split_mask
 from .probe import PROBE_TOKENS, probe_inputs
-from .saved import CONFIG_KEY, mark_config
+from .saved import CONFIG_KEY, mark_config, write_remote_code
 from .switching import load_pretrained, set_attention
 
 
@@ -35,4 +35,5 @@ __all__ = [
     "set_attention",
     "split_mask",
     "switched_class",
+    "write_remote_code",
 ]

@@ -48,7 +48,7 @@ from ..base import AttentionInputs
 from .extras import softcapped_attention, with_position_bias, with_sinks
 from .masks import interface_masks
 
-#: The config attribute that stores a switched model's activation (``saved.py`` writes it; here it is read).
+#: The config attribute that stores a switched model's activation (``saved/`` writes it; here it is read).
 CONFIG_KEY = "polyattn_attention"
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
@@ -145,7 +145,7 @@ def decode_step(
 
 def _spec_of(module: nn.Module) -> ActivationSpec:
     """The module's activation: set by ``set_attention``, else its config's (a ``save_pretrained`` folder of a switched
-    model loaded with ``from_pretrained``: ``saved.py``)."""
+    model loaded with ``from_pretrained``: ``saved/``)."""
     spec = getattr(module, "activation_spec", None)
     if spec is None:
         spec = getattr(getattr(module, "config", None), CONFIG_KEY, None)

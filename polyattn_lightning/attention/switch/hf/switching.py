@@ -27,7 +27,7 @@ holds: ``attention_modules`` lists them in forward order and ``capture`` gets wh
 Converting a pretrained softmax model without losing what it learned (calibration, attention transfer) is
 :func:`polyattn_lightning.convert`'s (``polyattn_lightning/conversion/``).
 
-A switched model is saved with its activation (``saved.py``); :func:`load_pretrained` loads such a folder and
+A switched model is saved with its activation (``saved/``); :func:`load_pretrained` loads such a folder and
 switches it back.
 """
 

@@ -1,14 +1,14 @@
 """What a ``save_pretrained`` folder of a switched model carries: its activation, and the implementation it loads with.
 
-:func:`~.switching.set_attention` writes the spec into ``config.polyattn_attention`` (:data:`CONFIG_KEY`), so a
-``save_pretrained`` folder carries it; :func:`~.switching.load_pretrained` loads such a folder and switches it back. A
+:func:`~..switching.set_attention` writes the spec into ``config.polyattn_attention`` (:data:`CONFIG_KEY`), so a
+``save_pretrained`` folder carries it; :func:`~..switching.load_pretrained` loads such a folder and switches it back. A
 model switched to another activation than softmax also names an ``attn_implementation`` (:func:`mark_config`) that
 transformers accepts only where this package registered it, so loading the folder in a process without the project
 fails (``Specified attn_implementation="polyattn" is not supported``) instead of silently computing softmax with the
 trained weights:
 
 * a model switched through the ``AttentionInterface`` alone names the implementation it was switched to
-  (:data:`~.interface.IMPLEMENTATION`, or :data:`~.interface.EAGER_MASKS_IMPLEMENTATION` for the models without
+  (:data:`~..interface.IMPLEMENTATION`, or :data:`~..interface.EAGER_MASKS_IMPLEMENTATION` for the models without
   SDPA); where the project is imported (the name registers with transformers then:
   :mod:`polyattn_lightning.hf_registration`), a plain ``AutoModel.from_pretrained(folder)`` loads it switched, the
   attention function reading the activation from the module's config;
@@ -16,13 +16,13 @@ trained weights:
   :data:`LOAD_PRETRAINED`, which is never registered: their code does not call the interface, so a plain load would
   compute softmax; it is refused everywhere, with the name saying what loads it, ``load_pretrained``.
 
-:func:`~.switching.load_pretrained` loads every such folder and switches it back.
+:func:`~..switching.load_pretrained` loads every such folder and switches it back.
 """
 
 from __future__ import annotations
 
-from ...registry import ActivationSpec, get_activation
-from .interface import CONFIG_KEY, IMPLEMENTATION
+from ....registry import ActivationSpec, get_activation
+from ..interface import CONFIG_KEY, IMPLEMENTATION
 
 #: The config attribute transformers reads back as the implementation to load a saved model with (:func:`mark_config`).
 SAVED_IMPLEMENTATION_KEY = "attn_implementation"
