@@ -32,6 +32,16 @@ FAMILIES = ["bert", "llama", "deberta-v2", "gpt-neo", "siglip"]
 INTERFACE = ("bert", "llama")
 
 
+def fresh_process(script: str, saved: dict, keys, cwd, env: dict | None = None) -> dict:
+    """Run ``script`` in a new interpreter with ``{key: [folder, model class name]}`` of ``keys`` as its argument;
+    the JSON report it prints last."""
+    folders = {key: [str(saved[key]["folder"]), saved[key]["class"]] for key in keys}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script), json.dumps(folders)], capture_output=True,
+                            text=True, cwd=cwd, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def saved_implementation(key: str) -> str:
     return "polyattn" if key in INTERFACE else LOAD_PRETRAINED
 
@@ -68,7 +78,7 @@ def saved(tmp_path_factory) -> dict:
 
 
 def test_a_fresh_process_without_the_project_refuses_poly3_and_loads_softmax(saved, tmp_path):
-    script = textwrap.dedent("""
+    script = """
         import json, sys
         import torch, transformers
 
@@ -87,13 +97,8 @@ def test_a_fresh_process_without_the_project_refuses_poly3_and_loads_softmax(sav
             report[key] = {"refused": refused, "softmax_difference": (first - reference["softmax"]).abs().max().item()}
         report["imported"] = sorted(name for name in sys.modules if name.startswith("polyattn"))
         print(json.dumps(report))
-    """)
-    folders = {key: [str(entry["folder"]), entry["class"]] for key, entry in saved.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    """
+    report = fresh_process(script, saved, FAMILIES, tmp_path)
     assert report.pop("imported") == []
     for key, seen in report.items():
         refusal = f'attn_implementation="{saved_implementation(key)}"` is not supported'
@@ -106,7 +111,7 @@ def test_trust_remote_code_loads_an_interface_family_switched_in_a_process_that_
     """Through an auto class (a model class named directly does not read ``auto_map``), the folder's
     modeling_polyattn.py attends as the project does (its own naive fp32 code, not the project's kernels: equal
     within 1e-5)."""
-    script = textwrap.dedent("""
+    script = """
         import json, sys
         import torch, transformers
 
@@ -121,14 +126,10 @@ def test_trust_remote_code_loads_an_interface_family_switched_in_a_process_that_
                            "implementation": model.config._attn_implementation}
         report["imported"] = sorted(name for name in sys.modules if name.startswith("polyattn"))
         print(json.dumps(report))
-    """)
-    folders = {key: [str(saved[key]["folder"]), saved[key]["class"]] for key in INTERFACE}
+    """
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)  # the project is not importable from the subprocess's working directory either
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = fresh_process(script, saved, INTERFACE, tmp_path, env)
     assert report.pop("imported") == []
     for key, seen in report.items():
         assert seen["implementation"] == "polyattn" and seen["difference"] < 1e-5, (key, seen)
@@ -145,7 +146,7 @@ def test_load_pretrained_switches_every_family_back_with_the_saved_outputs(saved
 
 
 def test_a_plain_from_pretrained_in_a_process_that_imported_the_project_loads_switched_or_refuses(saved, tmp_path):
-    script = textwrap.dedent("""
+    script = """
         import json, sys
         import polyattn_lightning  # before transformers: the attention registers once transformers is imported
         import torch, transformers
@@ -162,13 +163,8 @@ def test_a_plain_from_pretrained_in_a_process_that_imported_the_project_loads_sw
                 first = model(**reference["inputs"]).to_tuple()[0]
             report[key] = {"refused": None, "difference": (first - reference["poly3"]).abs().max().item()}
         print(json.dumps(report))
-    """)
-    folders = {key: [str(entry["folder"]), entry["class"]] for key, entry in saved.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    """
+    report = fresh_process(script, saved, FAMILIES, tmp_path)
     for key, seen in report.items():
         if key in INTERFACE:
             assert seen == {"refused": None, "difference": 0.0}, (key, seen)
