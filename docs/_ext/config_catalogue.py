@@ -61,7 +61,9 @@ def describe(path: Path) -> tuple[str, str, str]:
     if isinstance(model, dict) and "class_path" in model:
         args = model.get("init_args") or {}
         name = args.get("model_name") or args.get("model") or args.get("detector") or args.get("config") or ""
-        described = f"{model['class_path'].rsplit('.', 1)[-1]}" + (f": {name}" if isinstance(name, str) and name else "")
+        described = f"{model['class_path'].rsplit('.', 1)[-1]}" + (
+            f": {name}" if isinstance(name, str) and name else ""
+        )
         return "run", described, attention_text(args.get("attention"))
     return ("piece" if parts & PIECES or "model" in parts else "run"), "", ""
 

@@ -148,7 +148,7 @@ class ClassificationModule(TaskModule):
                 switches what can be switched and logs one line naming what stays softmax (README, support table).
             convert: converting ``pretrained`` softmax weights to ``attention`` before fine-tuning (``method:
                 transfer`` or ``calibrate``, on the first ``samples`` training images; once, saved in the
-                checkpoint; configs/README.md, "Fine-tuning softmax weights into another attention").
+                checkpoint; docs/papers.md, "Fine-tuning softmax weights into another attention").
             lora: LoRA adapters (peft, ``[lora]``) on the attention's q/k/v/o layers instead of full fine-tuning:
                 ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters and the classifier train.
         """

@@ -77,7 +77,7 @@ class DetectionModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint (by box AP).
             convert: converting the ``pretrained`` softmax backbone weights to ``attention`` before fine-tuning
                 (``method: transfer`` or ``calibrate``, on the first ``samples`` training images as the detector's
-                preprocessor makes them; once, saved in the checkpoint; configs/README.md, "Fine-tuning softmax
+                preprocessor makes them; once, saved in the checkpoint; docs/papers.md, "Fine-tuning softmax
                 weights into another attention").
             lora: LoRA adapters (peft, ``[lora]``) on the backbone attention's q/k/v/o layers instead of fully
                 fine-tuning the backbone: ``{r: 8, alpha: 16, target: [q, k, v, o]}``; the adapters, the

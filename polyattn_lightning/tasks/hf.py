@@ -301,7 +301,8 @@ class HFSequenceClassification(HFTask):
             attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
             convert: converting the pretrained softmax weights to ``attention`` before fine-tuning, on the first
                 ``samples`` training samples: ``method: transfer`` (attention transfer, the default choice) or
-                ``calibrate`` (a temperature per head); once: a checkpoint holds the result (configs/README.md).
+                ``calibrate`` (a temperature per head); once: a checkpoint holds the result
+                (docs/benchmarks/conversion.md).
             lora: LoRA adapters (peft, ``[lora]``) on every attention's q/k/v/o layers instead of full
                 fine-tuning, e.g. ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters (and a new
                 classification head) train; ``export_dir`` writes the merged model.
