@@ -48,15 +48,22 @@ def attention_text(attention) -> str:
     return "" if attention is None else str(attention)
 
 
+def grid_attention(axes: dict) -> str:
+    """The attentions a grid compares (the labels of its axis on ``model.init_args.attention``), else its axes."""
+    for name, axis in axes.items():
+        if isinstance(axis, dict) and "attention" in str(axis.get("key", "")):
+            values = axis.get("values")
+            labels = list(values) if isinstance(values, dict) else [attention_text(v) for v in values or []]
+            return ("" if name == "attention" else f"{name}: ") + ", ".join(map(str, labels))
+    return "axes: " + ", ".join(axes)
+
+
 def describe(path: Path) -> tuple[str, str, str]:
     """(kind, model, attention) of one YAML file."""
     data = yaml.safe_load(path.read_text())
     parts = set(path.relative_to(CONFIGS).parts[:-1])
     if isinstance(data, dict) and "base" in data and "axes" in data:
-        axes = data["axes"]
-        values = axes.get("attention") if isinstance(axes, dict) else None
-        attention = ", ".join(sorted({attention_text(v) for v in values.values()})) if isinstance(values, dict) else ""
-        return "grid", f"base: {data['base']}", attention or "axes: " + ", ".join(axes)
+        return "grid", f"base: {data['base']}", grid_attention(data["axes"])
     model = data.get("model") if isinstance(data, dict) else None
     if isinstance(model, dict) and "class_path" in model:
         args = model.get("init_args") or {}

@@ -103,6 +103,17 @@ class ClassificationModule(TaskModule):
     """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation.
 
     ``num_classes`` and ``img_size`` left None are the DataModule's (``num_classes``, ``img_size``).
+
+    Example:
+        In a config, ``model: {class_path: ClassificationModule, init_args: {model_name: vit_small_patch16_224,
+        attention: poly3}}`` (``configs/classification/``); in Python, a tiny ViT on 16 px images:
+
+        >>> import torch
+        >>> from polyattn_lightning.tasks import ClassificationModule
+        >>> module = ClassificationModule("vit_tiny_patch16_224", num_classes=10, attention="poly3", img_size=16,
+        ...                               model_kwargs={"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2})
+        >>> module(torch.randn(4, 3, 16, 16)).shape
+        torch.Size([4, 10])
     """
 
     data_args = ("num_classes",)
