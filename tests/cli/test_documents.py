@@ -60,3 +60,55 @@ def test_quickstart_time_is_the_same_number_everywhere():
 def test_debug_switch_and_data_check_are_documented():
     assert "POLYATTN_DEBUG=1" in README
     assert "polyattn check-data --config" in README
+
+
+BENCHMARK_PAGES = sorted((ROOT / "docs" / "benchmarks").glob("*.md"))
+
+
+def markdown_rows(page: str, header_start: str) -> list[list[str]]:
+    """The cells of the table whose header row starts with ``header_start`` (bold marks dropped)."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().replace("**", "") for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_every_measurement_file_a_benchmark_page_names_exists():
+    named = {name for page in BENCHMARK_PAGES
+             for name in re.findall(r"(?<![\w/])((?:benchmarks|docs)/[\w./-]+\.(?:json|csv|png))", page.read_text())}  # fmt: skip
+    assert len(named) > 20
+    assert sorted(name for name in named if not (ROOT / name).is_file()) == []
+
+
+def test_the_kernel_table_is_the_json_it_comes_from():
+    """docs/benchmarks/kernels-cpu.md's Results table: each cell case / SDPA, as the JSON of that run holds it."""
+    import json
+
+    page = (ROOT / "docs" / "benchmarks" / "kernels-cpu.md").read_text()
+    data = json.loads((ROOT / "benchmarks" / "attention_cpu_2core.json").read_text())
+    header = next(line for line in page.splitlines() if line.startswith("| case | vit-s fwd"))
+    columns = [cell.strip().split(" ", 1) for cell in header.strip("|").split("|")][1:]
+    keys = {"fwd": "fwd_s", "fwd+bwd": "fwd_bwd_s", "mem": "peak_bytes"}
+    rows = markdown_rows(page, "| case | vit-s fwd")
+    assert len(rows) == 10
+    for case, *cells in rows:
+        for (shape, what), cell in zip(columns, cells, strict=True):
+            ratio = (data["results"][shape]["cases"].get(case) or {}).get("ratio")
+            assert cell == ("-" if ratio is None else f"{ratio[keys[what]]:.2f}"), (case, shape, what)
+
+
+def test_the_long_context_table_is_the_json_it_comes_from():
+    import json
+
+    page = (ROOT / "docs" / "benchmarks" / "linear.md").read_text()
+    points = json.loads((ROOT / "benchmarks" / "long_context_poly3_cpu_2core.json").read_text())["results"][0]["points"]
+    rows = markdown_rows(page, "| N | quadratic s | linear s |")
+    assert [int(row[0].replace(",", "")) for row in rows] == [point["n"] for point in points]
+    for row, point in zip(rows, points):
+        assert float(row[3]) == round(point["quadratic_over_linear"], 2), row
+        assert float(row[4]) == round(point["auto_over_best"], 2), row
+        assert abs(float(row[1]) - point["quadratic_s"]) < 0.01 * max(1.0, point["quadratic_s"]), row
