@@ -26,6 +26,8 @@ extensions = [
     "api_pages",
     "cli_help",
     "references",
+    "bench_figures",  # the benchmark pages' figures, drawn from benchmarks/*.json
+    "config_catalogue",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

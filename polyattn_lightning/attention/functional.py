@@ -70,6 +70,21 @@ def attention(
 
     Non-softmax scores and activations are computed in fp32 (also under autocast);
     the output has the input dtype. A query with no attendable key gets a zero output.
+
+    Example:
+        x^3 attention over 2 sequences of 16 tokens, 4 heads of 32 channels, against the formula written out
+        (scores scaled by 1/sqrt(d), cubed, then scaled by 1/sqrt(N)):
+
+        >>> import torch
+        >>> from polyattn_lightning.attention import attention
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(3, 2, 4, 16, 32).unbind(0)
+        >>> out = attention(q, k, v, "poly3")
+        >>> out.shape
+        torch.Size([2, 4, 16, 32])
+        >>> scores = q @ k.transpose(-2, -1) / 32**0.5
+        >>> torch.allclose(out, scores**3 / 16**0.5 @ v, rtol=1e-4, atol=1e-4)
+        True
     """
     _check_inputs(q, k, v, dropout_p)
     if kernel == "auto" and scale is None and attn_mask is None and attn_bias is None and not dropout_p:
@@ -101,7 +116,20 @@ CHOICE_OPTIONS = (
 
 def kernel_choice(q: Tensor, k: Tensor, v: Tensor, activation: ActivationSpec = "softmax", **options) -> "KernelChoice":
     """Which kernel ``attention(q, k, v, activation, **options)`` runs with ``kernel="auto"``, and why each other
-    one was passed over: ``print(kernel_choice(...))`` lists them. ``options`` are ``attention()``'s keywords."""
+    one was passed over: ``print(kernel_choice(...))`` lists them. ``options`` are ``attention()``'s keywords.
+
+    Example:
+        >>> import torch
+        >>> from polyattn_lightning import kernel_choice
+        >>> q, k, v = torch.randn(3, 1, 2, 64, 32).unbind(0)
+        >>> choice = kernel_choice(q, k, v, "poly3")
+        >>> choice.passed_over["sdpa"]
+        ["activation 'poly3' is not softmax (SDPA computes softmax only)"]
+        >>> print(choice)  # doctest: +ELLIPSIS
+        auto picks '...'
+          sdpa: activation 'poly3' is not softmax (SDPA computes softmax only)
+        ...
+    """
     unknown = sorted(set(options) - set(CHOICE_OPTIONS))
     if unknown:
         raise TypeError(f"kernel_choice() got unknown options {unknown}; expected attention()'s {CHOICE_OPTIONS}")

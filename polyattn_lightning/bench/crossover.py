@@ -112,8 +112,8 @@ def quadratic_seconds(rows: list[dict], batch: int, heads: int) -> float:
 
 
 #: Placeholder entries (``--placeholder``): the FLOP crossover times this factor (power attention's H100 figures put
-#: the real one ~6x past the FLOP count's for p = 2, d = 64, causal: thin products are memory-bound), and the decode
-#: crossover at twice the length where a state (D dv) holds as many numbers as a KV cache (N (d + dv)).
+#: the real one several times past the FLOP count's for p = 2, d = 64, causal: thin products are memory-bound), and
+#: the decode crossover at twice the length where a state (D dv) holds as many numbers as a KV cache (N (d + dv)).
 PLACEHOLDER_FACTOR, PLACEHOLDER_DECODE_FACTOR = 4.0, 2.0
 
 

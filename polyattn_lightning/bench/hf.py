@@ -6,7 +6,7 @@ all-MiniLM-L6-v2 (``[hf-example]``) with a classification head, one AdamW step o
 HF's ``sdpa``); ``generate``, the quickstart's tiny Llama (random init, vocabulary 384) generating 128 tokens
 greedily after an 8-token prompt with the KV cache, ``poly3`` against HF's own ``sdpa``, on ``--instances``
 model objects (the same weights), each switched to ``poly3`` and generating with either implementation in turn
-(``set_attn_implementation`` before each generation, some 30 us, timed with it; the switch leaves HF's
+(``set_attn_implementation`` before each generation, timed with it; the switch leaves HF's
 attention module code as it was): an object's placement in memory moves its generation time by a few percent,
 more than the difference measured, and both cases of one object share it. The ``generate`` part's ratio (its
 table's ``x sdpa`` column and the headline line under it) is therefore the median of the paired ratios (one object,

@@ -19,8 +19,8 @@ A step is what training does: forward, cross entropy, backward and an AdamW step
   ``--retrieval-batch`` (32, the recipe's): poly3 with attention dropout 0.1 in fp32 and under
   bf16 autocast, against softmax on SDPA without dropout (with dropout PyTorch's CPU SDPA falls
   back to its math kernel, which holds several N x N matrices: tens of GB here). Each case also
-  runs at 2000 tokens: memory that is linear in N grows 2x from 2000 to 4000 tokens, an N x N
-  tensor 4x. Each case is one timed step and one profiled step.
+  runs at 2000 tokens: memory that is linear in N doubles from 2000 to 4000 tokens, an N x N
+  tensor quadruples. Each case is one timed step and one profiled step.
 * ``pathx`` (not in the default parts; hours on a CPU): ``--pathx-steps`` training steps (300) of the
   encoder on Path-X (128 x 128 = 16,384 pixel tokens; ``--pathx-images`` images drawn on first use by
   ``data/lra/snakes.py`` and cached), x^3 at 1/sqrt(N) without attention dropout (so ``kernel="auto"`` may

@@ -30,7 +30,7 @@ def interleaved(steps: dict[str, Callable[[int], object]], repeats: int) -> dict
 
     Each round starts one step later (a, b, c; b, c, a; ...): in a fixed order a step's time carries
     what the step before it left behind (caches, allocator state), measured as a steady few percent for
-    the last of three EVA02-S training steps (BENCHMARKS.md). Repeats that are a multiple of the number of
+    the last of three EVA02-S training steps (docs/benchmarks/training.md). Repeats that are a multiple of the number of
     steps give each position to every step equally often. Each step gets the repeat's number (0 for the
     warm-up), e.g. to seed its RNG the same way as the other steps of that round.
     """

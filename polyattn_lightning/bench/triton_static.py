@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m polyattn_lightning.bench triton-static", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="compiling processes (default: 2)")
     parser.add_argument("--json", default=None, help="write the report here")
-    parser.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md table")
+    parser.add_argument("--markdown", action="store_true", help="print the table of docs/benchmarks/kernels-cuda.md")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         import triton  # noqa: F401

@@ -3,7 +3,7 @@
 ``convert(model, "poly3", samples, method="transfer")`` switches a timm or Hugging Face model through the one
 door, :func:`~polyattn_lightning.attention.set_attention`, and converts it in place on ``samples`` (an iterable of
 the model's own input batches: tensors for timm, dicts of tensors for HF), returning a :class:`ConversionReport`.
-The methods (configs/README.md measures them on three pretrained models):
+The methods (docs/benchmarks/conversion.md measures them on three pretrained models):
 
 * ``none``: switched as it is (the report still measures each layer against softmax);
 * ``calibrate`` (:mod:`.calibrate`): one temperature per head from a grid, folded into the queries; cheap, but

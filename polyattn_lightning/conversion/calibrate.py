@@ -14,8 +14,8 @@ head's attention. ``t`` is folded into the head's query rows (weight and bias, o
 :func:`~.folding.scale_queries`), so checkpoints, ``save_pretrained`` and DDP carry it with the weights.
 
 It cannot change a head's pattern for x^p, relu and poly1 (``phi(t S) = t^p phi(S)``: only the head's output
-scale): that is what ``method="transfer"`` trains. Measured on the tiny Llama: 2.43x the teacher's perplexity
-right after the switch to x^3, against 164x uncalibrated (configs/README.md).
+scale): that is what ``method="transfer"`` trains. What it keeps on the tiny Llama, against no calibration and the
+transfer: docs/benchmarks/conversion.md.
 """
 
 from __future__ import annotations

@@ -37,6 +37,21 @@ def convert(
     fit the samples they trained on far better than the held-out ones (too few samples for what it trains). Refusals
     (:class:`ConfigError`: a module whose projections a method cannot edit, a temperature that cannot fold) come
     before any weight changes.
+
+    Example:
+        A small timm ViT (softmax, as a pretrained one would be) converted to x^3 by attention transfer on 32 images
+        in 4 batches (a quarter held out to stop on), for at most 40 steps; each layer's error falls:
+
+        >>> import timm, torch
+        >>> from polyattn_lightning import convert
+        >>> _ = torch.manual_seed(0)
+        >>> model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
+        >>> batches = [torch.randn(8, 3, 32, 32) for _ in range(4)]
+        >>> report = convert(model, "poly3", batches, method="transfer", steps=40)
+        >>> report.layers
+        ['blocks.0.attn', 'blocks.1.attn']
+        >>> all(after < before for after, before in zip(report.error_after, report.error_before))
+        True
     """
     begin = time.perf_counter()
     check_options(OPTIONS, options, "convert")

@@ -105,9 +105,10 @@ class HeadGain(nn.Module):
 
     Where the queries can be scaled per head (no shared q-norm, no clamp) it lives there, as the temperature
     ``|g|^(1/p)`` (``phi(t S) = t^p phi(S)``), with only its sign on the output projection; else (Qwen3) on the
-    output projection's columns. Why not always the output: a gain of ~0.003 there (the tiny Llama's x^3 heads)
-    leaves columns ~300x smaller than the rest, on which Adam's first steps of a fine-tune (a fixed size per
-    entry) are 100% changes: 1.10x the teacher's perplexity right after the transfer, 37x after one step.
+    output projection's columns. Why not always the output: the small gains x^3 heads get there leave columns far
+    smaller than the rest, on which Adam's first steps of a fine-tune (a fixed size per entry) are changes of
+    their whole size, and one fine-tuning step undid what the transfer reached (the tiny Llama's perplexity:
+    docs/benchmarks/conversion.md).
     """
 
     def __init__(self, start: Tensor, degree: int | None):

@@ -50,7 +50,7 @@ def resolve_pretrained_file(path: str | Path) -> Path:
     raise MissingPathError(
         f"pretrained weights {path} not found: expected a weight file (.safetensors, .pth, .bin) or a Hugging Face "
         "cache directory (models--<org>--<model> or one of its snapshots/<revision>) holding "
-        f"{' or '.join(HF_WEIGHT_FILES)}; nothing is downloaded (configs/README.md, 'Fine-tuning', says how to get one)"
+        f"{' or '.join(HF_WEIGHT_FILES)}; nothing is downloaded (docs/papers.md, 'Fine-tuning', says how to get one)"
     )
 
 

@@ -103,6 +103,17 @@ class ClassificationModule(TaskModule):
     """A timm classifier (ViT, DeiT, Swin, XCiT...) trained with a registry attention activation.
 
     ``num_classes`` and ``img_size`` left None are the DataModule's (``num_classes``, ``img_size``).
+
+    Example:
+        In a config, ``model: {class_path: ClassificationModule, init_args: {model_name: vit_small_patch16_224,
+        attention: poly3}}`` (``configs/classification/``); in Python, a tiny ViT on 16 px images:
+
+        >>> import torch
+        >>> from polyattn_lightning.tasks import ClassificationModule
+        >>> module = ClassificationModule("vit_tiny_patch16_224", num_classes=10, attention="poly3", img_size=16,
+        ...                               model_kwargs={"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2})
+        >>> module(torch.randn(4, 3, 16, 16)).shape
+        torch.Size([4, 10])
     """
 
     data_args = ("num_classes",)
@@ -148,7 +159,7 @@ class ClassificationModule(TaskModule):
                 switches what can be switched and logs one line naming what stays softmax (README, support table).
             convert: converting ``pretrained`` softmax weights to ``attention`` before fine-tuning (``method:
                 transfer`` or ``calibrate``, on the first ``samples`` training images; once, saved in the
-                checkpoint; configs/README.md, "Fine-tuning softmax weights into another attention").
+                checkpoint; docs/papers.md, "Fine-tuning softmax weights into another attention").
             lora: LoRA adapters (peft, ``[lora]``) on the attention's q/k/v/o layers instead of full fine-tuning:
                 ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters and the classifier train.
         """

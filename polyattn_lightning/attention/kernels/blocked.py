@@ -44,9 +44,9 @@ from .base.costs import quadratic_cost
 from .base.layout import as_4d, flatten_heads
 
 #: Score-tile budget in elements (``bb*H*bq*bk``; 512K fp32 is 2 MiB). Smaller tiles
-#: stay in cache but pay PyTorch's per-op cost (some 5-10 us, and a thread
+#: stay in cache but pay PyTorch's per-op cost (a dispatch and a thread
 #: fork/join) more often; this was the best compromise measured on the 2-core
-#: benchmark machine, see BENCHMARKS.md.
+#: benchmark machine (docs/benchmarks/kernels-cpu.md).
 TILE_ELEMENTS = 1 << 19
 #: Key blocks cover whole rows up to this many keys: then dK and dV accumulate
 #: in place and each tile is one long, efficient matmul.
@@ -195,8 +195,8 @@ class _Scratch:
     """A tile-sized buffer reused from tile to tile.
 
     A fresh multi-MiB tensor per tile is a fresh ``mmap`` whose pages fault in
-    one by one; measured, that made an out-of-place ``pow`` 6x slower than an
-    in-place one.
+    one by one; measured, that made an out-of-place ``pow`` several times slower than
+    an in-place one.
     """
 
     def __init__(self, tiles: _Tiles, like: Tensor):

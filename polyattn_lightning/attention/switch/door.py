@@ -36,6 +36,15 @@ def set_attention(
             :class:`~.timm.ProbeInputError` naming the class: the input does not fit the model.
         calibrate: removed: converting a pretrained softmax model (calibration, attention transfer) is
             ``polyattn_lightning.convert(model, activation, samples, method=...)``; True is an error saying so.
+
+    Example:
+        A small timm ViT switched to x^3 attention scaled by 1/sqrt(N); two blocks, so two attention modules:
+
+        >>> import timm
+        >>> from polyattn_lightning import set_attention
+        >>> model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
+        >>> set_attention(model, {"name": "poly3", "scale": "inv_sqrt_n"})
+        2
     """
     if calibrate:
         raise ConfigError(

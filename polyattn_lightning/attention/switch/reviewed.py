@@ -18,7 +18,7 @@ switch compute something else, or crash in the middle of a forward. So each reco
 At switch time :meth:`Mirror.route` looks the installed code's fingerprint up; code nobody reviewed is refused
 in one line (:class:`UnreviewedCode`, a ``ConfigError``) naming the library, its installed release, the class
 and what to do, before anything changes. Reviewing a new release is ``python -m polyattn_lightning.bench
-fingerprints`` (configs/README.md, "Contributing").
+fingerprints`` (docs/contributing.md, "Reviewing a new library release").
 """
 
 from __future__ import annotations

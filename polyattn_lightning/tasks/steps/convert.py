@@ -50,7 +50,7 @@ def from_deprecated_calibrate(hparams: dict[str, Any]) -> None:
         return
     rank_zero_warn(
         "model.init_args.calibrate_attention is deprecated: it is model.init_args.convert.method: calibrate "
-        "(mapped onto it; method: transfer keeps more of a pretrained model, configs/README.md)",
+        "(mapped onto it; method: transfer keeps more of a pretrained model, docs/benchmarks/conversion.md)",
         category=FutureWarning,
     )
     given = as_dataclass(hparams.get("convert") or ConvertRecipe(), ConvertRecipe)

@@ -2,11 +2,10 @@
 
 The sources are compiled by ``torch.utils.cpp_extension`` (gcc and ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first
-time a process needs them, then loaded from there. The build takes 12-16 s on
-a 2-core machine at load 1.3 and 30-80 s at load 2-3.6 (measured with
-``python -c "from polyattn_lightning.attention.kernels.base import cpp; cpp.build()"``
-with no build of the current name). It talks (:class:`~polyattn_lightning.waits.Wait`): a line when it starts
-saying why it takes time, the elapsed time in place on a terminal, a line every 10 s in the run's log, and the
+time a process needs them, then loaded from there. The build takes seconds on an idle machine and a minute or
+more on a busy one (docs/benchmarks/kernels-cpu.md, "Building the C++ kernels"). It talks
+(:class:`~polyattn_lightning.waits.Wait`): a line when it starts saying why it takes time, the elapsed time in
+place on a terminal, a line every 10 s in the run's log, and the
 time it took.
 
 The build is keyed by content and environment: its name holds the CPU's vector

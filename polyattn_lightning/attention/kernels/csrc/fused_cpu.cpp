@@ -713,7 +713,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
 // laid out in memory as HF's output (B, R, H, dv): the interface's transpose back costs no copy. Items are (batch, kv head, query row): the G = H / H_kv heads of a group form one G x n score
 // block between two BLAS products, t folded into the first and c(n) into the second. The point is the call,
 // not the arithmetic: one dispatcher call instead of the dozen tensor ops of the PyTorch path, which cost the
-// tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (BENCHMARKS.md). Half types run in fp32.
+// tiny Llama's step (1 query row, some 72 keys) 3x HF's SDPA call (docs/benchmarks/generation.md). Half types run in fp32.
 template <typename T>
 void decode_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, Form form,
                  int64_t power, T temperature, at::ArrayRef<double> row_scale, at::ArrayRef<double> row_shift,

@@ -69,7 +69,7 @@ by torch.compile). ``attention()`` checks each compiled configuration once
 against the blocked kernel before trusting it (``selfcheck.py``). The
 interpreter multiplies bf16 as raw integers, so under it bf16 products run on
 fp32 operands (bf16 loads, stores and casts are still exercised). What has run
-on which GPU is in BENCHMARKS.md.
+on which GPU is in docs/benchmarks/kernels-cuda.md.
 """
 
 from .backend import BACKEND, DTYPES, MAX_HEAD_DIM, Triton, triton_available

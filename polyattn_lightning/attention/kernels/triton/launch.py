@@ -3,8 +3,8 @@
 Tiles per kernel, dtype and head dim come from ``_TUNED`` (sized offline for A100's and Hopper's shared memory
 and registers: ``python -m polyattn_lightning.bench triton-static``); ``POLYATTN_TRITON_TABLE=legacy`` selects
 the table before that (``_LEGACY``) and ``POLYATTN_TRITON_GRID=heads`` the old grid order (heads fastest), so
-that a GPU run can time old against new (BENCHMARKS.md says what has been timed). Nothing here imports Triton
-at module level: the backend's checks (``__init__``) read these tables on machines without it.
+that a GPU run can time old against new (docs/benchmarks/kernels-cuda.md says what has been timed). Nothing here
+imports Triton at module level: the backend's checks (``__init__``) read these tables on machines without it.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ TOLERANCE = {
     ("float32", "tf32x3"): 1e-3,
     ("float32", "tf32"): 2e-2,
 }
-#: Coarse configurations measured on a GPU by scripts/gpu_check.py (``Config`` tuples; BENCHMARKS.md lists the runs).
+#: Coarse configurations measured on a GPU by scripts/gpu_check.py (``Config`` tuples;
+#: docs/benchmarks/kernels-cuda.md lists the runs).
 MEASURED: frozenset = frozenset()
 #: ``launch_key`` -> verdict, per process.
 _VERDICTS: dict = {}
