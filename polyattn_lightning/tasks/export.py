@@ -1,5 +1,6 @@
-"""The folder an HF task exports its model to: what marks an export (:data:`EXPORT_MARKER`) and which folders an
-export may write (:func:`check_export_dir`: nothing the user had is overwritten)."""
+"""The folder an HF task exports its model to: what it holds (:func:`write_export`), what marks an export
+(:data:`EXPORT_MARKER`) and which folders an export may write (:func:`check_export_dir`: nothing the user had is
+overwritten)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..sharding import plain_class
 
 #: The file an export writes beside the model: ``{"run_dir": the run folder that wrote it (None: no run folder),
 #: "global_step": ...}``.
@@ -42,4 +44,28 @@ def check_export_dir(folder: Path, run_dir: Path | None, option: str = "model.in
     )
 
 
-__all__ = ["EXPORT_MARKER", "check_export_dir"]
+__all__ = ["EXPORT_MARKER", "check_export_dir", "write_export"]
+
+
+def write_export(model, state: dict, folder: Path, tokenizer, run_dir: Path | None, step: int | None) -> str:
+    """``save_pretrained`` of ``model`` with the weights ``state`` (its config names the activation), the
+    ``tokenizer`` (None: none), :data:`EXPORT_MARKER` naming ``run_dir`` and the global ``step``, and where the
+    model allows it the code that loads it with ``trust_remote_code``
+    (:func:`~..attention.switch.hf.saved.remote_code.write_remote_code`); returns how the folder loads, for the line
+    the export says."""
+    from ..attention.switch.hf.saved import remote_code  # imports transformers, as the model did
+
+    model.save_pretrained(folder, state_dict=state)
+    architecture = plain_class(model).__name__
+    if model.config.architectures != [architecture]:  # FSDP2's subclass (FSDPLlamaForCausalLM)
+        model.config.architectures = [architecture]
+        model.config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    marker = {"run_dir": str(run_dir.resolve()) if run_dir is not None else None, "global_step": step}
+    (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+    loads = "with polyattn_lightning.attention.switch.hf.load_pretrained"
+    if remote_code.remote_code_refusal(model) is None:
+        remote_code.write_remote_code(model, folder)
+        loads += ", or with trust_remote_code=True where the project is not installed"
+    return loads

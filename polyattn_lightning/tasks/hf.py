@@ -18,7 +18,7 @@ Export: ``export_dir`` writes the fine-tuned model (the best checkpoint's weight
 ``fit``, else the last) with ``save_pretrained``, and the data's tokenizer, into one folder (LoRA adapters merged
 into the weights: it loads without peft); its ``config.json`` carries the activation (``polyattn_attention``) and
 :func:`polyattn_lightning.attention.switch.hf.load_pretrained` loads it back switched to it. Nothing the user had is
-overwritten: beside the model the export writes :data:`EXPORT_MARKER`, naming the run folder that wrote it, and
+overwritten: beside the model the export writes :data:`~.export.EXPORT_MARKER`, naming the run folder that wrote it, and
 ``fit`` refuses, before it trains, an ``export_dir`` that holds anything else than that run folder's own export (a
 run resumed in its own folder rewrites its export; a run without a logger has no run folder, so it exports only into
 a new or empty folder).
@@ -57,10 +57,10 @@ from ..models.hf_pretrained import (
     plain_load_reports,
     resolve_folder,
 )
-from ..sharding import full_state_dict, plain_class
+from ..sharding import full_state_dict
 from .base import TaskModule
 from .evaluation import logits_evaluation
-from .export import EXPORT_MARKER, check_export_dir
+from .export import check_export_dir, write_export
 from .optim import OptimRecipe
 from .steps.convert import from_deprecated_calibrate
 
@@ -242,9 +242,7 @@ class HFTask(TaskModule):
             self.export(self.hparams.export_dir)  # every rank: a sharded model is gathered first
 
     def export(self, folder: str | Path) -> Path:
-        """``save_pretrained`` of the model (its config names the activation) and the data's tokenizer,
-        :data:`EXPORT_MARKER`, and where the model allows it the code that loads it with ``trust_remote_code``
-        (:func:`~..attention.switch.hf.saved.remote_code.write_remote_code`), by global rank 0; every rank calls it (a
+        """:func:`~.export.write_export` of the model and the data's tokenizer, by global rank 0; every rank calls it (a
         sharded model's weights are gathered, :func:`~..sharding.full_state_dict`)."""
         folder = Path(folder)
         model = self.model
@@ -253,25 +251,9 @@ class HFTask(TaskModule):
             return folder
         if is_lora(model):  # adapters merged into the weights, under the base layers' names: loads without peft
             state = merged_state_dict(model, state)
-        model.save_pretrained(folder, state_dict=state)
-        architecture = plain_class(model).__name__
-        if model.config.architectures != [architecture]:  # FSDP2's subclass (FSDPLlamaForCausalLM)
-            model.config.architectures = [architecture]
-            model.config.save_pretrained(folder)
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        marker = {
-            "run_dir": str(run_dir.resolve()) if run_dir is not None else None,
-            "global_step": self._trainer.global_step if self._trainer is not None else None,
-        }
-        (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-        from ..attention.switch.hf.saved import remote_code  # imports transformers, as the model did
-
-        loads = "with polyattn_lightning.attention.switch.hf.load_pretrained"
-        if remote_code.remote_code_refusal(model) is None:
-            remote_code.write_remote_code(model, folder)
-            loads += ", or with trust_remote_code=True where the project is not installed"
+        step = self._trainer.global_step if self._trainer is not None else None
+        loads = write_export(model, state, folder, tokenizer, run_dir, step)
         rank_zero_info(f"exported the model to {folder} (load it {loads})")
         return folder
 
