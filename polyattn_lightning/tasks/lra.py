@@ -98,7 +98,7 @@ class LRAModule(TaskModule):
 
     def on_fit_start(self) -> None:
         """Log the majority-class rate of the validation and test splits: the chance level that ``val/top1`` and
-        ``test/top1`` (and the README's "about 2x the majority-class rate") are measured against."""
+        ``test/top1`` (and the README's LRA quickstart line) are measured against."""
         chance_rate = getattr(self.trainer.datamodule, "chance_rate", None)  # a DataModule of this project's
         rates = {split: chance_rate(split) if chance_rate else None for split in ("val", "test")}
         shown = [f"{split} {rate.rate:.1%} (class {rate.label})" for split, rate in rates.items() if rate]

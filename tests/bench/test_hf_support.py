@@ -7,7 +7,7 @@ import pytest
 
 from polyattn_lightning.bench import hf_support
 
-TABLE = Path(__file__).resolve().parents[2] / "docs/reference/hf-models.md"
+TABLE = Path(__file__).resolve().parents[2] / hf_support.PAGE
 #: Families whose rows exercise each route: mask/bias splits, extras, adapters, nn.MultiheadAttention.
 SAMPLED = ["beit", "swin", "t5", "gpt-oss", "deberta-v2", "falcon-alibi", "siglip"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from polyattn_lightning.bench import timm_support
 
-TABLE = Path(__file__).resolve().parents[2] / "docs/reference/timm-models.md"
+TABLE = Path(__file__).resolve().parents[2] / timm_support.PAGE
 #: Modules whose rows do not depend on the hand-written adapters (generic switches and refusals), cheap to build.
 SAMPLED = ["eva", "maxxvit", "pvt_v2", "resnest", "swiftformer", "efficientvit_mit"]
 

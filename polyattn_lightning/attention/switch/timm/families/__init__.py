@@ -19,7 +19,8 @@ To add a timm family:
    and calls ``self._attend`` where the softmax was, decorate it with ``@register_adapter(TimmClass)``, put it
    in ``families/<family>.py`` (listed at the bottom of this file) and take the class off
    ``tables.HAND_SOFTMAX``.
-3. Regenerate the support table: ``python -m polyattn_lightning.bench timm-support --write docs/reference/timm-models.md``.
+3. Regenerate the support table:
+   ``python -m polyattn_lightning.bench timm-support --write docs/reference/timm-models.md``.
 
 Adapted (timm 1.0.31; family module: class -- score bias / mask / N):
 
