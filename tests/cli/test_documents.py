@@ -11,6 +11,8 @@ from polyattn_lightning.cli.prechecks import yaml_references
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CONFIGS_README = (ROOT / "configs" / "README.md").read_text()
+#: the documentation site's pages, which hold what README.md held before it became a front door
+DOCS = "\n".join(path.read_text() for path in sorted((ROOT / "docs").rglob("*.md")) if "_build" not in path.parts)
 QUICKSTART = ROOT / "configs" / "classification" / "quickstart.yaml"
 FINETUNE = ROOT / "configs" / "classification" / "finetune" / "vit_small_softmax_to_poly3.yaml"
 
@@ -22,11 +24,11 @@ def test_every_yaml_a_config_names_exists():
 
 
 def test_every_config_the_documents_name_exists():
-    """Also the configs in the README's ``python3 -m venv`` lines, which a new user runs verbatim, and the shipped grid
-    files (``configs/grids/...``) ``polyattn grid`` is given."""
+    """Also the configs in the README's ``python3 -m venv`` lines, which a new user runs verbatim, the site's pages, and
+    the shipped grid files (``configs/grids/...``) ``polyattn grid`` is given."""
     venv_lines = [line for line in README.splitlines() if line.startswith("python3 -m venv")]
     assert any("--config" in line for line in venv_lines)
-    named = re.findall(r"(?:--config[ =]|polyattn grid (?=configs/))(\S+\.yaml)", README + CONFIGS_README)
+    named = re.findall(r"(?:--config[ =]|polyattn grid (?=configs/))(\S+\.yaml)", README + CONFIGS_README + DOCS)
     assert len(named) > 5 and any(name.startswith("configs/grids/") for name in named)
     assert [name for name in named if not {"<", "$"} & set(name) and not (ROOT / name).is_file()] == []
 
