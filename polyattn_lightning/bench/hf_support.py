@@ -1,14 +1,15 @@
-"""What ``set_attention`` switches, measured per Hugging Face family: the README's Hugging Face table.
+"""What ``set_attention`` switches, measured per Hugging Face family: the table of ``docs/reference/hf-models.md``.
 
 :data:`FAMILIES` is the list the tests run (``tests/attention/switch/hf/test_hf_families.py``): one tiny model
 per family, built from its config (2 layers, width 32) with position tables drawn at unit scale (HF zeroes
 BEiT's and Swin's; a trained checkpoint's are not zero), so that a bias read as a mask shows. :func:`measure`
 switches each to ``softmax`` and to ``poly3`` through the one door, with the default probe, and compares the
 softmax outputs with HF's own (its default ``sdpa`` or ``eager`` implementation, on a padded batch where the
-model takes text). ``python -m polyattn_lightning.bench hf-support --write README.md`` rewrites the table
-between its markers; ``--check README.md`` fails when it differs from the measurement. The poly3 outputs are
-checked against an independent reference (HF's eager code of each family, copied into the tests with its
-softmax replaced by ``phi(S) / sqrt(N)``) by the tests, not here: the table's last column says what they check
+model takes text). ``python -m polyattn_lightning.bench hf-support --write
+docs/reference/hf-models.md`` rewrites the table between its markers; ``--check docs/reference/hf-models.md``
+fails when it differs from the measurement. The poly3 outputs are checked against an independent reference
+(HF's eager code of each family, copied into the tests with its softmax replaced by ``phi(S) / sqrt(N)``) by the
+tests, not here: the table's last column says what they check
 (:data:`REFERENCE_CHECKS`, which the tests assert).
 """
 
@@ -78,7 +79,7 @@ MOE = dict(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_interm
 class Family:
     """One row of the table: a model class of ``transformers`` and the tiny config it is measured with."""
 
-    name: str  # the family, as the README names it
+    name: str  # the family, as the table names it
     model: str  # the transformers class measured
     config: dict = field(default_factory=dict)
     module: str = ""  # the transformers module holding the class, when the top level does not export it
@@ -88,7 +89,7 @@ class Family:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
 
-#: Every family of the table (and of the tests), in the README's order.
+#: Every family of the table (and of the tests), in the table's order.
 # fmt: off
 FAMILIES: tuple[Family, ...] = (
     # text encoders
@@ -336,7 +337,9 @@ def _hf_class(module: nn.Module) -> type:
     return next(c for c in type(module).__mro__ if c.__module__.startswith(("transformers.", "torch.")))
 
 
-BEGIN = "<!-- hf-support: begin (python -m polyattn_lightning.bench hf-support --write README.md) -->"
+#: The documentation page that holds the table, relative to the checkout
+PAGE = "docs/reference/hf-models.md"
+BEGIN = f"<!-- hf-support: begin (python -m polyattn_lightning.bench hf-support --write {PAGE}) -->"
 END = "<!-- hf-support: end -->"
 
 

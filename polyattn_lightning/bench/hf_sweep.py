@@ -6,8 +6,8 @@ skips what does not build that way, is larger than :data:`MAX_PARAMETERS`, or wh
 default probe inputs (``switch/hf/probe.py``), and switches the rest to softmax (compared with HF's own outputs)
 and to poly3. Each model is one line: ``switched`` (softmax within 1e-4 of HF's), ``wrong`` (beyond it),
 ``refused`` (a one-line ``ConfigError``), ``crash`` (any other exception: a defect), ``skipped`` (why); the last
-line counts them. The families of the README's table are measured more closely (``hf-support``); this is the
-breadth check of "every architecture switches correctly or is refused with one line".
+line counts them. The families of the table in ``docs/reference/hf-models.md`` are measured more closely
+(``hf-support``); this is the breadth check of "every architecture switches correctly or is refused with one line".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A README table between two markers, measured by a command: printed, written (``--write``) or checked
+"""A Markdown table between two markers, measured by a command: printed, written (``--write``) or checked
 (``--check``, exit 1 when the file's table differs from the measurement). The timm and Hugging Face support
 tables use it."""
 
@@ -25,7 +25,7 @@ class Markers:
         """``text`` with the table between the markers replaced by ``table``."""
         pattern = re.compile(re.escape(self.begin) + ".*?" + re.escape(self.end), re.S)
         if not pattern.search(text):
-            raise ValueError(f"the README has no {self.name} markers ({self.begin} ... {self.end})")
+            raise ValueError(f"the file has no {self.name} markers ({self.begin} ... {self.end})")
         return pattern.sub(lambda _: f"{self.begin}\n{table}\n{self.end}", text)
 
 

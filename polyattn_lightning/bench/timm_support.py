@@ -1,12 +1,12 @@
-"""What ``set_attention`` switches, measured per timm model module: the README's support table.
+"""What ``set_attention`` switches, measured per timm model module: the table of ``docs/reference/timm-models.md``.
 
 :func:`support_rows` builds one small model per model module of ``timm.list_models()`` (the first
 name by :data:`SIZE_ORDER`, ``pretrained=False``, on the meta-free CPU), plus the :data:`VARIANTS`
 whose attention differs within a module, and switches each to ``poly3`` with ``strict=False``: the
 probe forward says what switched and what stays softmax, and why. ``python -m
-polyattn_lightning.bench timm-support --write README.md`` rewrites the table between its markers;
-``--check README.md`` fails when the README's table differs from the measurement. A module whose
-first model has no attention but a variant has (fastvit, mobilenetv3) shows the variant's row only.
+polyattn_lightning.bench timm-support --write docs/reference/timm-models.md`` rewrites the table between its
+markers; ``--check docs/reference/timm-models.md`` fails when that page's table differs from the measurement. A
+module whose first model has no attention but a variant has (fastvit, mobilenetv3) shows the variant's row only.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ SMALLER = {
     "naflexvit_base_patch16_gap": {"depth": 2},
 }
 
-BEGIN = "<!-- timm-support: begin (python -m polyattn_lightning.bench timm-support --write README.md) -->"
+#: The documentation page that holds the table, relative to the checkout
+PAGE = "docs/reference/timm-models.md"
+BEGIN = f"<!-- timm-support: begin (python -m polyattn_lightning.bench timm-support --write {PAGE}) -->"
 END = "<!-- timm-support: end -->"
 
 

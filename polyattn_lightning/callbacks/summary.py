@@ -4,7 +4,7 @@ the run's folder, which tools (a grid's report) read.
 ``fit`` and every ``validate``/``test`` of a checkpoint end with it, also when the run ends otherwise: a Ctrl-C or a
 SLURM requeue (status ``interrupted``) or an exception (``failed``, with the error's one-line summary). The file is
 written on rank 0, atomically; a resumed run rewrites it, with the validations before the stop (kept in the
-checkpoint). Its schema (``schema: 1``) is documented in the README ("What the end of a run says").
+checkpoint). Its schema (``schema: 1``) is documented in docs/training.md ("What the end of a run says").
 
 Where the data module knows its validation labels (:meth:`~polyattn_lightning.data.base.DataModule.chance_rate`),
 the majority-class rate is written beside the scores, and a top-1 accuracy whose best value is no more than
@@ -166,7 +166,7 @@ class RunSummary(Callback):
             rank_zero_info(line)
 
     def summary(self, trainer: pl.Trainer, status: str) -> dict[str, Any]:
-        """The content of ``metrics.json`` (see the README's schema)."""
+        """The content of ``metrics.json`` (see its schema in docs/training.md)."""
         best, last = self._best(trainer), (dict(self._history[-1]) if self._history else None)
         chance = self._chance
         return {

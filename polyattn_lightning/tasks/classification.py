@@ -156,7 +156,8 @@ class ClassificationModule(TaskModule):
             test_after_fit: at the end of ``fit``, test with the best checkpoint.
             recipe: deprecated, the block that held ``optim``, ``mixup`` and ``drop_path_rate`` before (old runs).
             attention_strict: refuse a model in which some attention would keep softmax (the default); false
-                switches what can be switched and logs one line naming what stays softmax (README, support table).
+                switches what can be switched and logs one line naming what stays softmax
+                (docs/reference/timm-models.md).
             convert: converting ``pretrained`` softmax weights to ``attention`` before fine-tuning (``method:
                 transfer`` or ``calibrate``, on the first ``samples`` training images; once, saved in the
                 checkpoint; docs/papers.md, "Fine-tuning softmax weights into another attention").

@@ -41,19 +41,7 @@ LRA_OPTIM = OptimRecipe(
 
 
 class LRAModule(TaskModule):
-    """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation.
-
-    Example:
-        In a config, ``model: {class_path: LRAModule, init_args: {attention: poly3}}`` (``configs/lra/``); in Python,
-        with the values a DataModule would give:
-
-        >>> import torch
-        >>> from polyattn_lightning.tasks import LRAModule
-        >>> module = LRAModule(attention="poly1", vocab_size=16, num_classes=10, max_length=64, two_tower=False)
-        >>> ids, mask = torch.randint(1, 16, (2, 64)), torch.ones(2, 64, dtype=torch.bool)
-        >>> module(ids, mask).shape
-        torch.Size([2, 10])
-    """
+    """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation."""
 
     #: the DataModule supplies these when they are not given
     data_args = ("vocab_size", "num_classes", "max_length", "two_tower")
@@ -110,8 +98,7 @@ class LRAModule(TaskModule):
 
     def on_fit_start(self) -> None:
         """Log the majority-class rate of the validation and test splits: the chance level that ``val/top1`` and
-        ``test/top1`` (and the README's quickstart result, a multiple of the majority-class rate) are measured
-        against."""
+        ``test/top1`` (and the README's LRA quickstart line) are measured against."""
         chance_rate = getattr(self.trainer.datamodule, "chance_rate", None)  # a DataModule of this project's
         rates = {split: chance_rate(split) if chance_rate else None for split in ("val", "test")}
         shown = [f"{split} {rate.rate:.1%} (class {rate.label})" for split, rate in rates.items() if rate]

@@ -1,4 +1,4 @@
-"""The README's Hugging Face table is what the code measures (a few families here; all of them, slow)."""
+"""The Hugging Face table of docs/reference/hf-models.md is what the code measures (a few families here; all of them, slow)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,24 +7,24 @@ import pytest
 
 from polyattn_lightning.bench import hf_support
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = Path(__file__).resolve().parents[2] / hf_support.PAGE
 #: Families whose rows exercise each route: mask/bias splits, extras, adapters, nn.MultiheadAttention.
 SAMPLED = ["beit", "swin", "t5", "gpt-oss", "deberta-v2", "falcon-alibi", "siglip"]
 
 
-def readme_rows() -> dict[str, str]:
-    text = README.read_text()
+def table_rows() -> dict[str, str]:
+    text = TABLE.read_text()
     block = text[text.index(hf_support.BEGIN):text.index(hf_support.END)]
     return {line.split("|")[1].strip(): line for line in block.splitlines()
             if line.startswith("| ") and not line.startswith(("| family", "| ---"))}
 
 
 def test_the_readme_has_one_row_per_family_of_the_tests():
-    assert list(readme_rows()) == [f.name for f in hf_support.FAMILIES]
+    assert list(table_rows()) == [f.name for f in hf_support.FAMILIES]
 
 
-def test_sampled_rows_of_the_readme_table_are_measured():
-    rows = readme_rows()
+def test_sampled_rows_of_the_table_are_measured():
+    rows = table_rows()
     for key in SAMPLED:
         measured = hf_support.measure(hf_support.family(key))
         assert measured.markdown() == rows[measured.family]
@@ -45,9 +45,9 @@ def test_an_unknown_family_key_names_the_known_ones():
 
 
 @pytest.mark.slow
-def test_whole_readme_table_is_measured():
-    """Every family (about 30 s on 2 cores): after adding one, run --write README.md."""
-    assert hf_support.main(["--check", str(README)]) == 0
+def test_whole_table_is_measured():
+    """Every family (about 30 s on 2 cores): after adding one, run --write docs/reference/hf-models.md."""
+    assert hf_support.main(["--check", str(TABLE)]) == 0
 
 
 def test_the_sweep_switches_refuses_and_skips_with_a_reason():

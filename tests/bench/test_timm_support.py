@@ -1,4 +1,4 @@
-"""The README's timm support table is what the code measures (a few cheap modules here; all of them, slow)."""
+"""The timm support table of docs/reference/timm-models.md is what the code measures (a few cheap modules here; all of them, slow)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +7,13 @@ import pytest
 
 from polyattn_lightning.bench import timm_support
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = Path(__file__).resolve().parents[2] / timm_support.PAGE
 #: Modules whose rows do not depend on the hand-written adapters (generic switches and refusals), cheap to build.
 SAMPLED = ["eva", "maxxvit", "pvt_v2", "resnest", "swiftformer", "efficientvit_mit"]
 
 
-def readme_rows() -> dict[str, list[str]]:
-    text = README.read_text()
+def table_rows() -> dict[str, list[str]]:
+    text = TABLE.read_text()
     block = text[text.index(timm_support.BEGIN):text.index(timm_support.END)]
     rows: dict[str, list[str]] = {}
     for line in block.splitlines():
@@ -22,8 +22,8 @@ def readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_sampled_rows_of_the_readme_table_are_measured():
-    rows = readme_rows()
+def test_sampled_rows_of_the_table_are_measured():
+    rows = table_rows()
     measured = timm_support.support_rows(SAMPLED)
     assert {r.family: [r.markdown()] for r in measured} == {f: rows[f] for f in SAMPLED}
     verdicts = {r.family: r.verdict for r in measured}
@@ -45,6 +45,6 @@ def test_smallest_model_of_a_module():
 
 
 @pytest.mark.slow
-def test_whole_readme_table_is_measured():
-    """Every timm model module (about 10 minutes on 2 cores): after adding a family, run --write README.md."""
-    assert timm_support.main(["--check", str(README)]) == 0
+def test_whole_table_is_measured():
+    """Every timm model module (about 10 minutes on 2 cores): after adding a family, run --write docs/reference/timm-models.md."""
+    assert timm_support.main(["--check", str(TABLE)]) == 0

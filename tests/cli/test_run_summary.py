@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from test_ctrl_c import RUNS, SHORT, ctrl_c
 from test_first_hour import project, run, write_config  # noqa: F401  (the fixture)
 
-#: the keys of metrics.json (README, "What the end of a run says")
+#: the keys of metrics.json (docs/training.md, "What the end of a run says")
 KEYS = {"schema", "status", "verb", "monitor", "mode", "best", "last", "metrics", "chance", "at_chance", "steps",
         "epochs", "elapsed_s", "config", "error"}
 

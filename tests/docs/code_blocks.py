@@ -1,4 +1,4 @@
-"""The code blocks of the documentation pages (``docs/**/*.md``): each is run, or marked as not run with a reason.
+"""The code blocks of the documentation pages (``docs/**/*.md``, and README.md): each is run, or marked as not run with a reason.
 
 What runs, by the block's language:
 
@@ -117,7 +117,8 @@ def page_blocks(path: Path) -> list[Block]:
 
 
 def pages(docs: Path = DOCS) -> list[Path]:
-    return sorted(p for p in docs.rglob("*.md") if "_build" not in p.parts)
+    """The site's Markdown pages and, beside them, the README (its blocks are held to the same rule)."""
+    return [*sorted(p for p in docs.rglob("*.md") if "_build" not in p.parts), docs.parent / "README.md"]
 
 
 def commands(text: str) -> list[list[str]]:

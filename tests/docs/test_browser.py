@@ -122,7 +122,7 @@ def test_a_guide_shows_its_code_and_its_table(browser, served, tmp_path):
     assert yaml[0].find_elements("css selector", "span.nt"), "the YAML block is not highlighted (no key tokens)"
     bash = [pre.text for pre in visible("div.highlight-bash pre")]
     assert any(text.startswith("polyattn grid digits_grid.yaml --dry-run") for text in bash), bash
-    (table,) = visible("article table")
+    table = visible("article table")[0]  # the papers' tables; the report's columns follow further down
     head = [th.text for th in table.find_elements("css selector", "thead th")]
     assert head == ["paper table", "grid", "small variant, on generated data"], head
     rows = table.find_elements("css selector", "tbody tr")

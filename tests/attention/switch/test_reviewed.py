@@ -99,7 +99,7 @@ def test_a_changed_torch_multihead_attention_is_refused(monkeypatch):
         "Sequential has no attention module set_attention can switch: 0 (torch.nn.modules.activation."
         f"MultiheadAttention): torch {version('torch')}'s torch.nn.modules.activation.MultiheadAttention differs from "
         "the code polyattn_lightning was reviewed against: pin a reviewed release (torch==2.14.1; reviewed: 2.13.0, "
-        "2.14.1), or upgrade polyattn_lightning (the support table in the README lists what switches)"
+        "2.14.1), or upgrade polyattn_lightning (the support table in docs/reference/timm-models.md lists what switches)"
     )
     assert not isinstance(model[0], SwitchedAttention)
 

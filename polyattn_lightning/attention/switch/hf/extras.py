@@ -9,7 +9,7 @@
   writes it as one more key, first in the row, with key and value 0 and score bias ``s_h``: exact for softmax
   (its weight multiplies a zero value), and the same key for every other activation: ``phi(s_h) * 0`` adds
   nothing to the output and the key counts in N (N = the row's keys + 1). So for an elementwise ``phi`` the
-  sinks change only N, and ``s_aux`` gets no gradient (the README says so).
+  sinks change only N, and ``s_aux`` gets no gradient (docs/howto/switch-hf.md says so).
 * ``softcap`` (Gemma 2, T5Gemma, VaultGemma): ``S -> c * tanh(S / c)`` before the mask and ``phi``, as HF's
   eager code has it: :func:`softcapped_attention` materialises the map (fp32 scores), as HF's eager path does
   (its SDPA path refuses ``softcap``). A ``capture`` hook sees the scores before the cap.

@@ -20,7 +20,8 @@ ALiBi's bias is ``-slope_h * (i - j)`` for query ``i`` and key ``j``. Falcon and
 (the key's position among the real tokens), which equals it only up to ``slope_h * position_i``, a constant per row
 that softmax's shift invariance removes. Softmax takes HF's values as they are (its outputs are HF's); every other
 activation takes the relative form (:func:`relative_alibi`), since ``phi(S + c)`` is not ``phi(S)`` for an
-elementwise ``phi`` (the README says so). :data:`ABSOLUTE_ALIBI` names the interface classes whose mask carries it.
+elementwise ``phi`` (docs/howto/switch-hf.md says so). :data:`ABSOLUTE_ALIBI` names the interface classes whose
+mask carries it.
 """
 
 from __future__ import annotations

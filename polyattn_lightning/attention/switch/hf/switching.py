@@ -82,7 +82,7 @@ def set_attention(
     """Switch every attention layer of an HF ``PreTrainedModel`` to ``activation``; returns how many.
 
     Args:
-        model: a ``transformers`` model (the README's Hugging Face table lists the families and their state).
+        model: a ``transformers`` model (docs/reference/hf-models.md lists the families and their state).
         activation: a registry activation (``"poly3"``, ``{name: poly3, scale: 0.0714}``...); ``softmax`` too.
         probe: the forward that shows every layer is switched: a mapping of
             ``model``'s keyword arguments (``{"input_ids": ..., "attention_mask": ...}``) or, as for timm models,

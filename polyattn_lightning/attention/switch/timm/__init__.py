@@ -8,8 +8,8 @@ keeps every parameter where it was, so the state_dict keys are timm's and a timm
 after the switch. Calling it again re-switches (``softmax`` runs on SDPA, so switching back to softmax gives
 timm's outputs).
 
-Three kinds of switch (the README's support table, made by ``python -m polyattn_lightning.bench timm-support``,
-lists per timm model module what switches):
+Three kinds of switch (the support table of docs/reference/timm-models.md, made by ``python -m
+polyattn_lightning.bench timm-support``, lists per timm model module what switches):
 
 * the generic one (``sdpa.py``): classes that run on SDPA, on a reviewed list (class, mask kinds); timm's
   forward runs with SDPA rebound in its globals, so RoPE, q/k norms, biases and layouts stay timm's;

@@ -121,7 +121,7 @@ def switch_modules(model, activation, strict, probe) -> tuple[list[nn.Module], l
             raise AttentionRefused(
                 f"{model_name} has no attention module set_attention can switch"
                 + (f": {detail}" if detail else "")
-                + " (the support table in the README lists what switches)",
+                + " (the support table in docs/reference/timm-models.md lists what switches)",
                 list(unswitched.values()),
             )
         if refused and strict:
