@@ -19,8 +19,11 @@ leave inputs it could take to another (``declined_reasons``), optionally a cost,
                  KV-cache step is (``materialized.py``)
 ================ ======================================================================================
 
-``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs; when that one
-states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead (the quadratic
+While ``torch.compiler.is_exporting()``, ``auto`` takes the first :attr:`~.base.Backend.decomposable` backend that
+takes the inputs (``sdpa`` for softmax, else ``materialized``): plain PyTorch operators, for any batch and sequence
+length, that ONNX and a process without the project run (the C++ and Triton kernels stay the training path).
+Otherwise ``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs;
+when that one states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead (the quadratic
 kernels and ``power`` compare so, at the crossover measured on the machine: ``base.costs.crossover_length``).
 :func:`pick` says which backend that is and why each other one was passed over (``polyattn_lightning.attention.
 kernel_choice`` asks it for ``attention()``'s own arguments, a state included); a named kernel that cannot take the
@@ -111,6 +114,8 @@ class KernelChoice(NamedTuple):
 def pick(inputs: KernelInputs) -> KernelChoice:
     """The backend ``kernel="auto"`` runs for ``inputs``, with the reasons of every backend it did not take."""
     kind = inputs.kind
+    if torch.compiler.is_exporting():
+        return _decomposable(inputs, kind)
     passed_over: dict[str, list[str]] = {}
     able: list[str] = []
     for name in KV_STEP_PRIORITY if kind == KV_STEP else PRIORITY:
@@ -137,12 +142,44 @@ def pick(inputs: KernelInputs) -> KernelChoice:
     for name in able:
         if name != chosen:
             detail = (
-                f" (cost {costs[name]:.3g} s against {costs[chosen]:.3g} s)" if len(costs) > 1 and name in costs else ""
+                f" (cost {_seconds(costs[name])} against {_seconds(costs[chosen])})"
+                if len(costs) > 1 and name in costs
+                else ""
             )
             passed_over[name] = [f"{chosen!r} is preferred{detail}"]
     if chosen != "materialized":
         passed_over.setdefault("materialized", ["a reference: only by name (O(N^2) memory)"])
     passed_over = {name: passed_over[name] for name in BACKENDS if name in passed_over}
+    return KernelChoice(chosen, passed_over, kind)
+
+
+def _seconds(cost) -> str:
+    """A cost in words: a number to three figures, a symbolic one (shapes traced by ``torch.compile``) as its
+    expression, which formatting would not take."""
+    return f"{cost:.3g} s" if isinstance(cost, (int, float)) else f"{cost} s"
+
+
+def _decomposable(inputs: KernelInputs, kind: str) -> KernelChoice:
+    """:func:`pick` while ``torch.export`` traces: the first :attr:`~.base.Backend.decomposable` backend with a
+    form for ``kind`` that takes ``inputs`` (``sdpa`` for softmax, else ``materialized``), so the exported graph
+    holds standard operators for any batch and sequence length; every other backend is passed over unasked (their
+    reasons and costs would read symbolic shapes)."""
+    passed_over: dict[str, list[str]] = {}
+    chosen = None
+    for name, backend in BACKENDS.items():
+        if not backend.decomposable:
+            passed_over[name] = ["not decomposable: torch.export would keep it as an opaque C++ or Triton call"]
+        elif chosen is not None:
+            passed_over[name] = [f"{chosen!r} is preferred"]
+        elif kind not in backend.forms:
+            passed_over[name] = [f"no form for a {kind}"]
+        elif reasons := backend.not_supported_reasons(inputs):
+            passed_over[name] = reasons
+        else:
+            chosen = name
+    if chosen is None:
+        listed = "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in passed_over.items())
+        raise KernelNotSupported(f"no attention kernel can be exported for these inputs ({kind}): {listed}")
     return KernelChoice(chosen, passed_over, kind)
 
 
@@ -189,6 +226,8 @@ def step_function(inputs: KernelInputs) -> KVStep | StateStep:
     checks against the new tokens before it takes a kept function."""
     function = _form(BACKENDS[pick(inputs).kernel], inputs)
     act, q = inputs.act, inputs.q
+    if torch.compiler.is_exporting():  # the exported choice is not what eager decoding should keep
+        return function
     if len(_STEPS) >= MAX_KEPT_STEPS:
         _STEPS.clear()
     _STEPS[(id(act), q.device, q.dtype, inputs.kind)] = (act, function, power_of(act))
