@@ -23,8 +23,9 @@ While ``torch.compiler.is_exporting()``, ``auto`` takes the first :attr:`~.base.
 takes the inputs (``sdpa`` for softmax, else ``materialized``): plain PyTorch operators, for any batch and sequence
 length, that ONNX and a process without the project run (the C++ and Triton kernels stay the training path).
 Otherwise ``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs;
-when that one states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead (the quadratic
-kernels and ``power`` compare so, at the crossover measured on the machine: ``base.costs.crossover_length``).
+when that one states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead
+(the quadratic kernels and ``power`` compare so, at the crossover measured on the machine:
+``base.costs.crossover_length``).
 :func:`pick` says which backend that is and why each other one was passed over (``polyattn_lightning.attention.
 kernel_choice`` asks it for ``attention()``'s own arguments, a state included); a named kernel that cannot take the
 inputs raises one :class:`~.base.KernelNotSupported` listing its reasons.
