@@ -28,6 +28,7 @@ COMMANDS = {
     "sweep": "validation accuracy against the activation's scale, per sequence length (short fits)",
     "check-data": "decode every image file of a config's data set once and list every bad file",
     "consolidate": "a sharded checkpoint folder as one checkpoint file, or as a save_pretrained folder",
+    "export": "a run's model as torch.export (.pt2), ONNX or a timm state dict, checked against PyTorch",
     "grid": "train every cell of a grid of settings (activations x seeds...), resumable; `grid report DIR`",
 }
 
