@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,24 +95,38 @@ def fresh_timm_model(module) -> nn.Module:
     return model.eval()
 
 
-def _write(model: nn.Module, module, fmt: str, sample: Tensor, path: Path):
-    """Write ``model`` in ``fmt`` to ``path``; returns a function that runs the written file on images."""
+def export_program(model: nn.Module, sample: Tensor) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` traced on ``sample`` with a dynamic batch (dimension 0)."""
     batch = torch.export.Dim("batch", min=1, max=4096)
-    if fmt == "pt2":
-        torch.export.save(torch.export.export(model, (sample,), dynamic_shapes=({0: batch},)), path)
-        loaded = torch.export.load(path).module()
-        return lambda x: loaded(x)
-    if fmt == "onnx":
-        import onnxruntime
+    return torch.export.export(model, (sample,), dynamic_shapes=({0: batch},))
 
-        torch.onnx.export(model, (sample,), dynamic_shapes=({0: batch},), dynamo=True, verbose=False).save(str(path))
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-    torch.save(model.state_dict(), path)
-    fresh = fresh_timm_model(module)
-    fresh.load_state_dict(torch.load(path, weights_only=True))
-    return fresh
+
+def write_export(
+    model: nn.Module,
+    fmt: str,
+    sample: Tensor,
+    path: Path,
+    rebuild: Callable[[], nn.Module] | None = None,
+    program: torch.export.ExportedProgram | None = None,
+) -> Callable[[Tensor], Tensor]:
+    """Write ``model`` in ``fmt`` to ``path`` (``pt2`` and ``onnx`` from ``program``, else from
+    :func:`export_program` on ``sample``); returns a function that runs the written file, loaded back, on images (a
+    state dict: in the model ``rebuild`` builds anew)."""
+    if fmt == "state_dict":
+        torch.save(model.state_dict(), path)
+        fresh = rebuild()
+        fresh.load_state_dict(torch.load(path, weights_only=True))
+        return fresh
+    program = program or export_program(model, sample)
+    if fmt == "pt2":
+        torch.export.save(program, path)
+        return torch.export.load(path).module()
+    import onnxruntime
+
+    torch.onnx.export(program, dynamo=True, verbose=False).save(str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
 
 
 def export_checkpoint(
@@ -136,7 +151,7 @@ def export_checkpoint(
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}.{format}")  # torch.export.save wants .pt2
     try:
         with torch.no_grad():
-            run = _write(model, module, format, sample, partial)
+            run = write_export(model, format, sample, partial, lambda: fresh_timm_model(module))
             error = (run(images) - model(images)).abs().max().item()
         verdict = "within" if error <= tolerance else "beyond"
         line = f"{format} export checked on {len(images)} images of the run's data: max abs error {error:.3g} "

@@ -250,7 +250,7 @@ def decoding_step(
     kind, on the arguments as they are. None: not a decoding step, the first of its kind, or a step the kept function
     does not take as it is (a state of another power or shape, keys that are not the new tokens, a padding mask of
     another shape); ``attention()`` then resolves it, or says why it cannot."""
-    if gradient_flows(q, k, v):
+    if gradient_flows(q, k, v) or torch.compiler.is_exporting():  # exported: pick() chooses a decomposable form
         return None
     shape = q.shape  # read once: a generation step runs between the model's other code, where every line counts
     rows = shape[2]
