@@ -139,6 +139,8 @@ def export_checkpoint(
     ckpt, out = Path(ckpt), Path(out)
     if format not in FORMATS:
         raise ConfigError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
+    if not tolerance >= 0:
+        raise ConfigError(f"tolerance {tolerance} must be a number >= 0 (the max abs error an export may show)")
     if out.exists():
         raise ConfigError(f"{out} already exists; give a new path (an export never overwrites)")
     if not ckpt.exists():
