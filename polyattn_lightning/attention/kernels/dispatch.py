@@ -43,7 +43,8 @@ being wrong).
 
 To add a backend: a module here with a :class:`~.base.Backend` subclass (``name``, ``supports``,
 ``not_supported_reasons`` naming each input it refuses, ``forward``; ``forms``, ``kv_step`` or ``state_step`` for
-its decoding forms) and ``BACKEND = YourBackend()``; add it to :data:`BACKENDS` where ``auto`` should try it (that
+its decoding forms; ``decomposable = True`` where it is plain PyTorch operators for any shape, which an export may
+then hold) and ``BACKEND = YourBackend()``; add it to :data:`BACKENDS` where ``auto`` should try it (that
 order is :data:`PRIORITY`), and add its refusals to ``tests/attention/kernels/test_kernel_interface.py``.
 
 To add a fused activation form (one the fused kernels compute in place, like ``relu``): a member of
