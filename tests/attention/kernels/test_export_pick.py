@@ -31,3 +31,15 @@ def test_export_with_a_dynamic_batch_equals_eager_at_another_batch():
         expected = model(x)
     assert expected.abs().max() > 0.1
     torch.testing.assert_close(program.module()(x), expected, atol=1e-5, rtol=0)
+
+
+def test_export_with_a_dynamic_batch_and_sequence_equals_eager():
+    torch.manual_seed(0)
+    block = timm.models.vision_transformer.Block(32, num_heads=2).eval()
+    set_attention(block, "poly3")
+    dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("tokens", min=2, max=512)}
+    program = torch.export.export(block, (torch.randn(2, 9, 32),), dynamic_shapes=(dims,))
+    x = torch.randn(3, 21, 32)
+    with torch.no_grad():
+        expected = block(x)
+    torch.testing.assert_close(program.module()(x), expected, atol=1e-5, rtol=0)
