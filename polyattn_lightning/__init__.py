@@ -15,6 +15,7 @@ hf_registration.install()  # a saved switched HF model loads switched: the atten
 #: Top-level names, imported on first use: ``name -> module``.
 _LAZY = {
     "convert": "polyattn_lightning.conversion",
+    "export_checkpoint": "polyattn_lightning.commands.export",
     "kernel_choice": "polyattn_lightning.attention.functional",
     "set_attention": "polyattn_lightning.attention.switch",
     "get_activation": "polyattn_lightning.attention.registry",
@@ -27,4 +28,12 @@ def __getattr__(name: str):
     return deprecated.attribute(__name__, name, _LAZY)
 
 
-__all__ = ["convert", "get_activation", "kernel_choice", "model_folder", "register_activation", "set_attention"]
+__all__ = [
+    "convert",
+    "export_checkpoint",
+    "get_activation",
+    "kernel_choice",
+    "model_folder",
+    "register_activation",
+    "set_attention",
+]

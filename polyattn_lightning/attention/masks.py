@@ -139,7 +139,8 @@ def keys_per_row(allowed: Tensor | None, num_keys: int, device: torch.device, ca
     if causal is not None:
         return _causal_keys_per_row(allowed, num_keys, device, causal)
     if allowed is None:
-        return torch.full((1, 1, 1, 1), float(num_keys), device=device)
+        # num_keys as it is: a symbolic count (torch.export, dynamic sequence) stays symbolic, float() would fix it
+        return torch.full((1, 1, 1, 1), num_keys, dtype=torch.float32, device=device)
     counts = allowed.sum(dim=-1, keepdim=True, dtype=torch.float32)
     if allowed.shape[-1] == 1:  # broadcast along keys: every key shares the verdict
         counts = counts * num_keys

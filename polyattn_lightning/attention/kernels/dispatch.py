@@ -19,9 +19,13 @@ leave inputs it could take to another (``declined_reasons``), optionally a cost,
                  KV-cache step is (``materialized.py``)
 ================ ======================================================================================
 
-``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs; when that one
-states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead (the quadratic
-kernels and ``power`` compare so, at the crossover measured on the machine: ``base.costs.crossover_length``).
+While ``torch.compiler.is_exporting()``, ``auto`` takes the first :attr:`~.base.Backend.decomposable` backend that
+takes the inputs (``sdpa`` for softmax, else ``materialized``): plain PyTorch operators, for any batch and sequence
+length, that ONNX and a process without the project run (the C++ and Triton kernels stay the training path).
+Otherwise ``kernel="auto"`` walks :data:`PRIORITY` and takes the first backend with no reason against the inputs;
+when that one states a cost (:meth:`~.base.Backend.cost`), the cheapest of the able backends with a cost wins instead
+(the quadratic kernels and ``power`` compare so, at the crossover measured on the machine:
+``base.costs.crossover_length``).
 :func:`pick` says which backend that is and why each other one was passed over (``polyattn_lightning.attention.
 kernel_choice`` asks it for ``attention()``'s own arguments, a state included); a named kernel that cannot take the
 inputs raises one :class:`~.base.KernelNotSupported` listing its reasons.
@@ -39,7 +43,8 @@ being wrong).
 
 To add a backend: a module here with a :class:`~.base.Backend` subclass (``name``, ``supports``,
 ``not_supported_reasons`` naming each input it refuses, ``forward``; ``forms``, ``kv_step`` or ``state_step`` for
-its decoding forms) and ``BACKEND = YourBackend()``; add it to :data:`BACKENDS` where ``auto`` should try it (that
+its decoding forms; ``decomposable = True`` where it is plain PyTorch operators for any shape, which an export may
+then hold) and ``BACKEND = YourBackend()``; add it to :data:`BACKENDS` where ``auto`` should try it (that
 order is :data:`PRIORITY`), and add its refusals to ``tests/attention/kernels/test_kernel_interface.py``.
 
 To add a fused activation form (one the fused kernels compute in place, like ``relu``): a member of
@@ -111,6 +116,8 @@ class KernelChoice(NamedTuple):
 def pick(inputs: KernelInputs) -> KernelChoice:
     """The backend ``kernel="auto"`` runs for ``inputs``, with the reasons of every backend it did not take."""
     kind = inputs.kind
+    if torch.compiler.is_exporting():
+        return _decomposable(inputs, kind)
     passed_over: dict[str, list[str]] = {}
     able: list[str] = []
     for name in KV_STEP_PRIORITY if kind == KV_STEP else PRIORITY:
@@ -137,12 +144,44 @@ def pick(inputs: KernelInputs) -> KernelChoice:
     for name in able:
         if name != chosen:
             detail = (
-                f" (cost {costs[name]:.3g} s against {costs[chosen]:.3g} s)" if len(costs) > 1 and name in costs else ""
+                f" (cost {_seconds(costs[name])} against {_seconds(costs[chosen])})"
+                if len(costs) > 1 and name in costs
+                else ""
             )
             passed_over[name] = [f"{chosen!r} is preferred{detail}"]
     if chosen != "materialized":
         passed_over.setdefault("materialized", ["a reference: only by name (O(N^2) memory)"])
     passed_over = {name: passed_over[name] for name in BACKENDS if name in passed_over}
+    return KernelChoice(chosen, passed_over, kind)
+
+
+def _seconds(cost) -> str:
+    """A cost in words: a number to three figures, a symbolic one (shapes traced by ``torch.compile``) as its
+    expression, which formatting would not take."""
+    return f"{cost:.3g} s" if isinstance(cost, (int, float)) else f"{cost} s"
+
+
+def _decomposable(inputs: KernelInputs, kind: str) -> KernelChoice:
+    """:func:`pick` while ``torch.export`` traces: the first :attr:`~.base.Backend.decomposable` backend with a
+    form for ``kind`` that takes ``inputs`` (``sdpa`` for softmax, else ``materialized``), so the exported graph
+    holds standard operators for any batch and sequence length; every other backend is passed over unasked (their
+    reasons and costs would read symbolic shapes)."""
+    passed_over: dict[str, list[str]] = {}
+    chosen = None
+    for name, backend in BACKENDS.items():
+        if not backend.decomposable:
+            passed_over[name] = ["not decomposable: torch.export would keep it as an opaque C++ or Triton call"]
+        elif chosen is not None:
+            passed_over[name] = [f"{chosen!r} is preferred"]
+        elif kind not in backend.forms:
+            passed_over[name] = [f"no form for a {kind}"]
+        elif reasons := backend.not_supported_reasons(inputs):
+            passed_over[name] = reasons
+        else:
+            chosen = name
+    if chosen is None:
+        listed = "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in passed_over.items())
+        raise KernelNotSupported(f"no attention kernel can be exported for these inputs ({kind}): {listed}")
     return KernelChoice(chosen, passed_over, kind)
 
 
@@ -189,6 +228,8 @@ def step_function(inputs: KernelInputs) -> KVStep | StateStep:
     checks against the new tokens before it takes a kept function."""
     function = _form(BACKENDS[pick(inputs).kernel], inputs)
     act, q = inputs.act, inputs.q
+    if torch.compiler.is_exporting():  # the exported choice is not what eager decoding should keep
+        return function
     if len(_STEPS) >= MAX_KEPT_STEPS:
         _STEPS.clear()
     _STEPS[(id(act), q.device, q.dtype, inputs.kind)] = (act, function, power_of(act))
@@ -210,7 +251,7 @@ def decoding_step(
     kind, on the arguments as they are. None: not a decoding step, the first of its kind, or a step the kept function
     does not take as it is (a state of another power or shape, keys that are not the new tokens, a padding mask of
     another shape); ``attention()`` then resolves it, or says why it cannot."""
-    if gradient_flows(q, k, v):
+    if gradient_flows(q, k, v) or torch.compiler.is_exporting():  # exported: pick() chooses a decomposable form
         return None
     shape = q.shape  # read once: a generation step runs between the model's other code, where every line counts
     rows = shape[2]

@@ -58,6 +58,7 @@ def materialized_step(
 class Materialized(Backend):
     name = "materialized"
     supports = "any elementwise activation, mask, bias, dropout, causal; O(N^2) memory (a reference, never auto)"
+    decomposable = True
     in_auto = False
     forms = frozenset({PARALLEL, KV_STEP})
 

@@ -59,6 +59,7 @@ def sdpa(q, k, v, masks: Masks, attn_bias, t, dropout_p) -> Tensor:
 class Sdpa(Backend):
     name = "sdpa"
     supports = "softmax only (PyTorch's fused SDPA), every mask, bias, dropout and causal alignment"
+    decomposable = True
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         reasons = stateless_reasons(inputs, self.name)

@@ -131,6 +131,9 @@ class Backend:
     grouped_heads: ClassVar[bool] = False
     #: The kinds of call it has a form of its own for (:data:`PARALLEL` always: :meth:`forward`).
     forms: ClassVar[frozenset[str]] = frozenset({PARALLEL})
+    #: Whether it is plain PyTorch operators that ``torch.export`` decomposes for any batch and sequence length (no
+    #: C++ op, no Triton, no autograd Function): what ``auto`` picks while ``torch.compiler.is_exporting()``.
+    decomposable: ClassVar[bool] = False
 
     def not_supported_reasons(self, inputs: KernelInputs) -> list[str]:
         """Why this backend cannot run ``inputs`` (empty: it can)."""
