@@ -41,7 +41,19 @@ LRA_OPTIM = OptimRecipe(
 
 
 class LRAModule(TaskModule):
-    """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation."""
+    """An LRA task (ListOps, Text, Retrieval, Image, Pathfinder) with a registry attention activation.
+
+    Example:
+        In a config, ``model: {class_path: LRAModule, init_args: {attention: poly3}}`` (``configs/lra/``); in Python,
+        with the values a DataModule would give:
+
+        >>> import torch
+        >>> from polyattn_lightning.tasks import LRAModule
+        >>> module = LRAModule(attention="poly1", vocab_size=16, num_classes=10, max_length=64, two_tower=False)
+        >>> ids, mask = torch.randint(1, 16, (2, 64)), torch.ones(2, 64, dtype=torch.bool)
+        >>> module(ids, mask).shape
+        torch.Size([2, 10])
+    """
 
     #: the DataModule supplies these when they are not given
     data_args = ("vocab_size", "num_classes", "max_length", "two_tower")
