@@ -19,6 +19,7 @@ import textwrap
 
 import pytest
 import torch
+import transformers
 
 from polyattn_lightning.attention.switch import attention_modules, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained, probe_inputs
@@ -170,6 +171,60 @@ def test_a_plain_from_pretrained_in_a_process_that_imported_the_project_loads_sw
             assert seen == {"refused": None, "difference": 0.0}, (key, seen)
         else:
             assert f'attn_implementation="{LOAD_PRETRAINED}"` is not supported' in seen["refused"], (key, seen)
+
+
+def test_a_folder_loaded_plainly_with_the_project_and_saved_again_keeps_its_mark(saved, tmp_path):
+    """transformers pops ``attn_implementation`` when it reads a config: the attention's first call puts it back, so
+    the re-saved folder still refuses to load without the project (an unmarked one would load as softmax)."""
+    for key in INTERFACE:
+        loaded = getattr(transformers, saved[key]["class"]).from_pretrained(saved[key]["folder"] / "poly3").eval()
+        assert "attn_implementation" not in vars(loaded.config)  # what transformers does, which the fix answers
+        first = run(loaded, saved[key]["inputs"])
+        torch.testing.assert_close(first, saved[key]["poly3"], rtol=0, atol=0, msg=key)
+        loaded.save_pretrained(tmp_path / key)
+        config = json.loads((tmp_path / key / "config.json").read_text())
+        assert (config["attn_implementation"], config["polyattn_attention"]) == ("polyattn", "poly3"), key
+
+
+def test_a_folder_loaded_with_trust_remote_code_saves_again_marked_and_leaves_transformers_classes_alone(saved, tmp_path):
+    """In a process that never imports the project: the re-saved folder carries modeling_polyattn.py, its auto_map
+    and its mark (without which a process with neither would load it as softmax), and loads again to the same
+    outputs; transformers' own class was not registered for the auto class (a BERT saved later in that process
+    saves plainly)."""
+    script = """
+        import json, os, sys
+        import torch, transformers
+
+        report = {}
+        for key, (folder, name) in json.loads(sys.argv[1]).items():
+            reference = torch.load(folder + "/reference.pt", weights_only=True)
+            model = transformers.AutoModel.from_pretrained(folder + "/poly3", trust_remote_code=True).eval()
+            again = os.path.join(os.getcwd(), key + "-again")
+            model.save_pretrained(again)
+            config = json.load(open(again + "/config.json"))
+            reloaded = transformers.AutoModel.from_pretrained(again, trust_remote_code=True).eval()
+            with torch.no_grad():
+                first = reloaded(**reference["inputs"]).to_tuple()[0]
+            plain = getattr(transformers, name).from_pretrained(again).eval()  # the file registered the attention
+            with torch.no_grad():
+                plain_first = plain(**reference["inputs"]).to_tuple()[0]
+            report[key] = {"mark": [config.get("attn_implementation"), config.get("polyattn_attention")],
+                           "files": sorted(os.listdir(again)), "auto_model": config["auto_map"]["AutoModel"],
+                           "difference": (first - reference["poly3"]).abs().max().item(),
+                           "plain_difference": (plain_first - reference["poly3"]).abs().max().item(),
+                           "hf_class_registered": getattr(transformers, name)._auto_class}
+        report["imported"] = sorted(name for name in sys.modules if name.startswith("polyattn"))
+        print(json.dumps(report))
+    """
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    report = fresh_process(script, saved, INTERFACE, tmp_path, env)
+    assert report.pop("imported") == []
+    for key, seen in report.items():
+        assert seen["mark"] == ["polyattn", "poly3"] and "modeling_polyattn.py" in seen["files"], (key, seen)
+        assert seen["auto_model"] == f"modeling_polyattn.{saved[key]['class']}", (key, seen)
+        assert seen["difference"] < 1e-5 and seen["hf_class_registered"] is None, (key, seen)
+        assert seen["plain_difference"] < 1e-5, (key, seen)
 
 
 def test_switching_back_to_softmax_leaves_a_plain_folder_and_the_export_carries_the_mark(tmp_path):

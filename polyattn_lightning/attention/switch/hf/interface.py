@@ -50,6 +50,8 @@ from .masks import interface_masks
 
 #: The config attribute that stores a switched model's activation (``saved/`` writes it; here it is read).
 CONFIG_KEY = "polyattn_attention"
+#: The config attribute transformers reads back as the implementation to load a saved model with (``saved/marks.py``).
+SAVED_IMPLEMENTATION_KEY = "attn_implementation"
 #: The name the attention and mask functions are registered under (``config._attn_implementation``).
 IMPLEMENTATION = "polyattn"
 #: The same attention function with HF's eager masks (float, 0 keep / ``finfo.min``), for models that do not
@@ -145,10 +147,14 @@ def decode_step(
 
 def _spec_of(module: nn.Module) -> ActivationSpec:
     """The module's activation: set by ``set_attention``, else its config's (a ``save_pretrained`` folder of a switched
-    model loaded with ``from_pretrained``: ``saved/``)."""
+    model loaded with ``from_pretrained``: ``saved/``), whose mark (``attn_implementation``, which transformers pops
+    when it reads a config) it puts back, so that the folder saved again still refuses to load without the project."""
     spec = getattr(module, "activation_spec", None)
     if spec is None:
-        spec = getattr(getattr(module, "config", None), CONFIG_KEY, None)
+        config = getattr(module, "config", None)
+        spec = getattr(config, CONFIG_KEY, None)
+        if spec is not None and SAVED_IMPLEMENTATION_KEY not in vars(config):  # transformers popped the mark on load:
+            setattr(config, SAVED_IMPLEMENTATION_KEY, config._attn_implementation)  # a re-saved folder keeps it
     if spec is None:
         raise ConfigError(
             f"{type(module).__name__} attends through attn_implementation={IMPLEMENTATION!r} but was not switched by "

@@ -22,10 +22,8 @@ trained weights:
 from __future__ import annotations
 
 from ....registry import ActivationSpec, get_activation
-from ..interface import CONFIG_KEY, IMPLEMENTATION
+from ..interface import CONFIG_KEY, IMPLEMENTATION, SAVED_IMPLEMENTATION_KEY
 
-#: The config attribute transformers reads back as the implementation to load a saved model with (:func:`mark_config`).
-SAVED_IMPLEMENTATION_KEY = "attn_implementation"
 #: The implementation a folder of a model with adapter-switched modules names: registered nowhere, so transformers
 #: refuses a plain ``from_pretrained`` of it, its message naming the function that loads it.
 LOAD_PRETRAINED = "polyattn_lightning_load_pretrained"
@@ -34,7 +32,8 @@ LOAD_PRETRAINED = "polyattn_lightning_load_pretrained"
 def mark_config(config, activation: ActivationSpec, implementation: str = IMPLEMENTATION) -> None:
     """Name ``implementation`` as the ``attn_implementation`` a ``save_pretrained`` folder of a model switched to
     ``activation`` is loaded with, unless ``activation`` is softmax (such a folder loads anywhere, as the same
-    softmax). transformers pops the key when it reads the config back: the live config never keeps it."""
+    softmax). transformers pops the key when it reads the config back; the attention's first call on a model loaded
+    so puts it back (``interface._spec_of``), as the ``trust_remote_code`` loader does (:mod:`.standalone`)."""
     if get_activation(activation).is_softmax:
         vars(config).pop(SAVED_IMPLEMENTATION_KEY, None)
     else:

@@ -4,8 +4,8 @@
 and points the config's ``auto_map`` at it. It imports only torch and transformers: a process that never installed
 the project loads the folder through it. Importing it registers :func:`polyattn_attention` under the name the folder
 names (``attn_implementation: "polyattn"``) with HF's boolean masks, unless a function is registered under that name
-already (the project's, where it is imported); the model classes are transformers' own (``__getattr__``), so the
-model loads as the architecture it is, its attention reading the activation from its config
+already (the project's, where it is imported); the model classes are transformers' own, under their names here
+(``__getattr__``), so the model loads as the architecture it is, its attention reading the activation from its config
 (``polyattn_attention``). The attention is the project's definition written out plainly: the scores
 ``S = q k^T * scaling`` in fp32, ``phi(S) = c(n) f(S + b(n))`` over the ``n`` keys a row attends, masked keys
 contributing zero (``registry.py``; the project's tests hold this function to ``attention()``). Not supported here,
@@ -111,8 +111,32 @@ def register() -> None:
 register()
 
 
+#: name -> the loading class :func:`__getattr__` made for it (one per name: transformers registers it).
+LOADING_CLASSES = {}
+
+
+def loading_class(base):
+    """transformers' class ``base`` under its own name in this file. transformers registers the class the
+    ``auto_map`` names for its auto class, so registering this one leaves ``base`` alone, and a re-save copies this
+    file and keeps the ``auto_map``; its ``from_pretrained`` puts the folder's ``attn_implementation`` back into the
+    config (transformers pops it when it reads a config), so a re-saved folder refuses to load without this file or
+    the project, as this folder does."""
+
+    def from_pretrained(cls, *args, **kwargs):
+        model = super(loader, cls).from_pretrained(*args, **kwargs)
+        if getattr(model.config, CONFIG_KEY, None) is not None:
+            model.config.attn_implementation = IMPLEMENTATION
+        return model
+
+    loader = type(base.__name__, (base,), {"__module__": __name__, "from_pretrained": classmethod(from_pretrained)})
+    return loader
+
+
 def __getattr__(name: str):
-    """The folder's ``auto_map`` names transformers' own classes here (``modeling_polyattn.LlamaForCausalLM``)."""
+    """The folder's ``auto_map`` names transformers' classes here (``modeling_polyattn.LlamaForCausalLM``): each
+    is :func:`loading_class` of transformers' own."""
     if name.startswith("__"):
         raise AttributeError(name)
-    return getattr(transformers, name)
+    if name not in LOADING_CLASSES:
+        LOADING_CLASSES[name] = loading_class(getattr(transformers, name))
+    return LOADING_CLASSES[name]
