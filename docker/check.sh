@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the image from docker/Dockerfile and run it the ways docker/README.md documents, on CPU:
+# Build the image from docker/Dockerfile and run it the ways docs/howto/docker.md documents, on CPU:
 #   1. the classification quickstart with --network none, as the image's non-root user, its run folder
 #      on a mounted host folder that the host user can read;
 #   2. a 2-process DDP job inside one container (--ipc=host);

@@ -82,8 +82,8 @@ class StopOnSignal(Callback):
       step is acted on when training ends. Steps that only accumulate gradients are no boundary.
 
     Resuming is exact: the same batches, weights, optimizer, lr schedule and RNG states as without the stop. The
-    ``--signal`` lead time a SLURM run needs: one training step plus one checkpoint write (docker/README.md has
-    measured numbers); under torchrun, a Ctrl-C reaches the agent, which forwards it to every rank and kills them
+    ``--signal`` lead time a SLURM run needs: one training step plus one checkpoint write (docs/howto/slurm.md); under
+    torchrun, a Ctrl-C reaches the agent, which forwards it to every rank and kills them
     ``--shutdown_timeout`` (30 s) later.
     """
 

@@ -30,7 +30,7 @@ from .config import resolve_task_defaults
 OWN_IMAGES_HINT = (
     "this data set reads no folder (the quickstart's are bundled digits); to train on your own "
     "images (<root>/train/<class>/*, <root>/val/<class>/*): --data ImageFolderDataModule --data.root DIR "
-    "(README, 'Your own images')"
+    "(docs/howto/own-images.md)"
 )
 #: A class parser's words for an option it does not have: given on the command line, as a key of a config file, or
 #: as a key of a group's mapping (``--model.init_args.convert '{hold_out: 0.2}'``).

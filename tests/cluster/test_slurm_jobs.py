@@ -1,6 +1,6 @@
 """The SLURM script on a real SLURM (the private one of ``slurm_cluster.py``): a 2-task DDP job, and a preemption.
 
-Both jobs are ``scripts/slurm/train.sbatch`` submitted as docker/README.md tells users, from a folder that holds
+Both jobs are ``scripts/slurm/train.sbatch`` submitted as docs/howto/slurm.md tells users, from a folder that holds
 the checkout's ``scripts`` and ``configs``, with the GPU node's lines overridden for this CPU node on sbatch's
 command line; the config is the digits quickstart, 3 epochs of 6 steps:
 
