@@ -71,7 +71,7 @@ def export_checkpoint(
     finally:
         shutil.rmtree(partial) if partial.is_dir() else partial.unlink(missing_ok=True)
     print(line)
-    print(f"wrote {out} ({FORMATS[format]}; dynamic: {dynamic})")
+    print(f"wrote {out} ({FORMATS[format]}" + (f"; dynamic: {dynamic})" if dynamic else ")"))
     return out
 
 

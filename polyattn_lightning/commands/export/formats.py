@@ -93,11 +93,11 @@ def write_export(
 
 def write_source(source: Source, fmt: str, path: Path) -> tuple[Callable[..., Tensor], str]:
     """Write ``source`` in ``fmt`` to ``path``; returns a function running what was written, loaded back as a user
-    loads it, and its dynamic dimensions in words."""
+    loads it, and the dynamic dimensions of an exported graph in words (empty: a PyTorch model, any shape)."""
     if fmt == "pretrained":
-        return write_pretrained(source, path), "batch, sequence"
+        return write_pretrained(source, path), ""
     if fmt == "state_dict":
-        return write_export(source.model, fmt, source.sample, path, source.rebuild), "batch"
+        return write_export(source.model, fmt, source.sample, path, source.rebuild), ""
     program = export_program(source.model, source.sample, source.sequence_dim)
     return write_export(source.model, fmt, source.sample, path, program=program), dynamic_dims(program)
 
