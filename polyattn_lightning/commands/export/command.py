@@ -26,10 +26,8 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from ...errors import ArgumentParser, ConfigError
-from .formats import FORMATS, refusal, write_source
+from .formats import FORMATS, refusal, write_checked
 from .source import ExportRefused, load_source
 
 #: The largest max abs difference an fp32 export may show against the PyTorch model.
@@ -59,9 +57,7 @@ def export_checkpoint(
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}{suffix}")
     rows = len(source.inputs[0])
     try:
-        with torch.no_grad():
-            run, dynamic = write_source(source, format, partial)
-            error = (run(*source.inputs) - source.model(*source.inputs)).abs().max().item()
+        error, dynamic = write_checked(source, format, partial)
         verdict = "within" if error <= tolerance else "beyond"
         line = f"{format} export checked on {rows} {'images' if source.kind == 'timm' else 'rows'} of "
         line += f"{source.inputs_from}: max abs error {error:.3g} ({verdict} the tolerance {tolerance:g})"

@@ -102,6 +102,14 @@ def write_source(source: Source, fmt: str, path: Path) -> tuple[Callable[..., Te
     return write_export(source.model, fmt, source.sample, path, program=program), dynamic_dims(program)
 
 
+def write_checked(source: Source, fmt: str, path: Path) -> tuple[float, str]:
+    """:func:`write_source`, then what was written run on the source's inputs: its max abs difference from the
+    PyTorch model, and the dynamic dimensions in words."""
+    with torch.no_grad():
+        run, dynamic = write_source(source, fmt, path)
+        return (run(*source.inputs) - source.model(*source.inputs)).abs().max().item(), dynamic
+
+
 def write_pretrained(source: Source, folder: Path) -> Callable[..., Tensor]:
     """The run's ``save_pretrained`` folder (the task's export: ``tasks.export.write_export``), loaded back with
     ``load_pretrained``."""
