@@ -5,8 +5,9 @@ each row's tiny model: what their ``exports`` column reads (:data:`~.export_tabl
 each support table measures (timm: the row's model, :mod:`.timm_support`, for the rows whose attention switches;
 Hugging Face: the family's tiny model, :mod:`.hf_support`), switches it to ``poly3`` and writes every format of
 its kind as ``polyattn export`` does (:func:`~polyattn_lightning.commands.export.formats.write_checked`): ``pt2``
-and ``onnx`` traced on two rows and checked on three (``pt2`` named with its dynamic dimensions); timm ``state_dict`` through ``timm.create_model`` + ``set_attention`` + ``load_state_dict``;
-Hugging Face ``pretrained`` through the task's ``save_pretrained`` export (``tasks.export.write_export``) and
+and ``onnx`` traced on two rows and checked on three (``pt2`` named with its dynamic dimensions); timm
+``state_dict`` through ``timm.create_model`` + ``set_attention`` + ``load_state_dict``; Hugging Face ``pretrained``
+through the task's ``save_pretrained`` export (``tasks.export.write_export``) and
 ``load_pretrained``. A format works when its max abs difference from PyTorch is within the fp32 tolerance.
 ``--write`` merges each row into the file as soon as it is measured (the rows not measured keep theirs).
 """
@@ -31,6 +32,7 @@ from ..errors import ArgumentParser, ConfigError
 from ..tasks.export import write_export
 from . import hf_support, quiet_loggers, timm_support
 from .export_table import EXPORT_SUPPORT
+
 
 def formats_of(source: Source) -> dict:
     """``{"formats": [...], "refused": {format: reason}}``: each format of the source's kind written and checked in
@@ -120,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m polyattn_lightning.bench export-support", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--kind", choices=list(KIND_FORMATS), required=True, help="timm table rows or HF families")
-    parser.add_argument("--write", type=Path, help=f"merge the rows into this JSON file (the tables': {EXPORT_SUPPORT})")
+    parser.add_argument(
+        "--write", type=Path, help=f"merge the rows into this JSON file (the tables': {EXPORT_SUPPORT})"
+    )
     parser.add_argument("names", nargs="*", help="only these timm model modules or HF family keys")
     args = parser.parse_args(argv)
     measured = {}

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.switch import set_attention
-from ..commands.export.formats import export_program
+from ..commands.export.formats import export_program, write_export
 from ..commands.export.source import hf_source
 from ..errors import ArgumentParser
 from . import chosen_parts, quiet_loggers
@@ -70,7 +70,7 @@ def session(model: nn.Module, inputs: tuple[Tensor, ...], path: Path, text: bool
 
     sample = tuple(t.repeat(2, *[1] * (t.dim() - 1)) for t in inputs)  # traced on two rows: a batch of one is fixed
     with torch.no_grad():
-        torch.onnx.export(export_program(model, sample, 1 if text else None), dynamo=True, verbose=False).save(str(path))
+        write_export(model, "onnx", sample, path, program=export_program(model, sample, 1 if text else None))
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL

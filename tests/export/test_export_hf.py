@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 import transformers
@@ -66,6 +67,8 @@ def test_each_family_exports_with_a_dynamic_batch_and_sequence(family, tmp_path)
             assert got.shape == expected.shape
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=0, msg=fmt)
     assert "polyattn" not in torch.export.load(tmp_path / "model.pt2").graph_module.code  # standard operators
+    graph = onnx.load(tmp_path / "model.onnx").graph  # the ONNX inputs named as the model takes them
+    assert [given.name for given in graph.input] == list(source.names) and graph.output[0].name == "output"
 
 
 def test_an_encoder_decoder_is_refused_in_one_line():

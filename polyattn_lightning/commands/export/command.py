@@ -72,6 +72,7 @@ def export_checkpoint(
 
 
 def parser() -> ArgumentParser:
+    """The command's options (``--ckpt``, ``--out``, ``--format``, ``--tolerance``)."""
     p = ArgumentParser(
         prog="polyattn export",
         description=(
@@ -81,7 +82,9 @@ def parser() -> ArgumentParser:
         ),
     )
     p.add_argument(
-        "--ckpt", type=Path, required=True,
+        "--ckpt",
+        type=Path,
+        required=True,
         help="checkpoint of a run (its config.yaml beside it), or a saved switched Hugging Face folder",
     )
     p.add_argument("--out", type=Path, required=True, help="file (pretrained: folder) to write, never overwritten")

@@ -52,8 +52,11 @@ def export_program(model: nn.Module, sample: Tensor | tuple[Tensor, ...], sequen
 
 def dynamic_dims(program: ExportedProgram) -> str:
     """The dynamic dimensions of the program's first input, in words (``batch, sequence``)."""
-    first = next(node for node in program.graph.nodes if node.op == "placeholder"
-                 and node.name in program.graph_signature.user_inputs)
+    first = next(
+        node
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in program.graph_signature.user_inputs
+    )
     words = ("batch", "sequence")
     shape = first.meta["val"].shape
     return ", ".join(words[i] if i < 2 else f"dim {i}" for i, size in enumerate(shape) if not isinstance(size, int))
@@ -66,10 +69,12 @@ def write_export(
     path: Path,
     rebuild: Callable[[], nn.Module] | None = None,
     program: ExportedProgram | None = None,
+    names: tuple[str, ...] | None = None,
 ) -> Callable[..., Tensor]:
     """Write ``model`` in ``fmt`` (``pt2``, ``onnx``, ``state_dict``) to ``path`` (``pt2`` and ``onnx`` from
-    ``program``, else from :func:`export_program` on ``sample``, dynamic batch); returns a function that runs the
-    written file, loaded back, on inputs (a state dict: in the model ``rebuild`` builds anew)."""
+    ``program``, else from :func:`export_program` on ``sample``, dynamic batch; ``names``: the ONNX inputs' names,
+    the output is ``output``); returns a function that runs the written file, loaded back, on inputs (a state dict:
+    in the model ``rebuild`` builds anew)."""
     if fmt == "state_dict":
         torch.save(model.state_dict(), path)
         fresh = rebuild()
@@ -82,7 +87,9 @@ def write_export(
     import onnxruntime
 
     try:
-        onnx_program = torch.onnx.export(program, dynamo=True, verbose=False)
+        onnx_program = torch.onnx.export(
+            program, input_names=list(names) if names else None, output_names=["output"], dynamo=True, verbose=False
+        )
     except Exception as err:  # noqa: BLE001 - the exporter's failure is the model's refusal, in one line
         raise ExportRefused(f"{_name(model)} cannot be exported to ONNX: {first_line(err)}") from err
     onnx_program.save(str(path))
@@ -99,7 +106,8 @@ def write_source(source: Source, fmt: str, path: Path) -> tuple[Callable[..., Te
     if fmt == "state_dict":
         return write_export(source.model, fmt, source.sample, path, source.rebuild), ""
     program = export_program(source.model, source.sample, source.sequence_dim)
-    return write_export(source.model, fmt, source.sample, path, program=program), dynamic_dims(program)
+    run = write_export(source.model, fmt, source.sample, path, program=program, names=source.names)
+    return run, dynamic_dims(program)
 
 
 def write_checked(source: Source, fmt: str, path: Path) -> tuple[float, str]:

@@ -90,8 +90,15 @@ def load_source(path: Path) -> Source:
         images = batch[0] if isinstance(batch, (tuple, list)) else None
         if not isinstance(images, Tensor):
             raise ConfigError(f"{inputs_from}: the run's batches are not (images, labels) as a timm model takes")
-        return Source("timm", type(model).__name__, model, ("images",), (images.float(),), inputs_from,
-                      rebuild=lambda: fresh_timm_model(module))
+        return Source(
+            "timm",
+            type(model).__name__,
+            model,
+            ("images",),
+            (images.float(),),
+            inputs_from,
+            rebuild=lambda: fresh_timm_model(module),
+        )
     source = hf_source(model, batch, inputs_from)
     source.save_pretrained = module.export
     return source
@@ -115,7 +122,7 @@ def hf_source(model: nn.Module, batch: Any, inputs_from: str) -> Source:
     family = type(model).__name__
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        raise ExportRefused(f"{family} cannot be exported: an encoder-decoder takes decoder inputs too ({WHAT_IT_TAKES})")
+        raise ExportRefused(f"{family} cannot be exported: an encoder-decoder takes decoder inputs ({WHAT_IT_TAKES})")
     names = next((names for names in HF_INPUTS if names[0] == model.main_input_name), None)
     if names is None or (names[0] == "input_ids" and not hasattr(config, "vocab_size")):
         raise ExportRefused(
