@@ -4,7 +4,7 @@ each row's tiny model: what their ``exports`` column reads (:data:`~.export_tabl
 ``python -m polyattn_lightning.bench export-support --kind timm|hf [--write FILE] [names...]`` builds the model
 each support table measures (timm: the row's model, :mod:`.timm_support`, for the rows whose attention switches;
 Hugging Face: the family's tiny model, :mod:`.hf_support`), switches it to ``poly3`` and writes every format of
-its kind as ``polyattn export`` does (:func:`~polyattn_lightning.commands.export.formats.write_checked`): ``pt2``
+its kind as ``polyattn export`` does (:func:`~polyattn_lightning.deploy.write_checked`): ``pt2``
 and ``onnx`` traced on two rows and checked on three (``pt2`` named with its dynamic dimensions); timm
 ``state_dict`` through ``timm.create_model`` + ``set_attention`` + ``load_state_dict``; Hugging Face ``pretrained``
 through the task's ``save_pretrained`` export (``tasks.export.write_export``) and
@@ -25,9 +25,8 @@ import torch
 from torch import nn
 
 from ..attention.switch import set_attention
-from ..commands.export import TOLERANCE
-from ..commands.export.formats import KIND_FORMATS, first_line, write_checked
-from ..commands.export.source import Source, hf_source
+from ..deploy import KIND_FORMATS, TOLERANCE, Source, hf_source, write_checked
+from ..deploy.formats import first_line
 from ..errors import ArgumentParser, ConfigError
 from ..tasks.export import write_export
 from . import hf_support, quiet_loggers, timm_support

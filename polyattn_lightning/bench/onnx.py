@@ -5,8 +5,8 @@ exported the same way and against the PyTorch eager models, one thread.
 ``vit_small_patch16_224``, random init) on one 224 px image; ``minilm``, the quickstart's MiniLM shape (a BERT
 encoder of 6 layers, width 384, 12 heads, random init: no download) on one sequence of 128 tokens. Each is switched
 to ``poly3`` (and kept on softmax), exported to ONNX through
-:func:`~polyattn_lightning.commands.export.formats.export_program` and
-:func:`~polyattn_lightning.commands.export.formats.write_export` (dynamic batch, and sequence for text; traced on
+:func:`~polyattn_lightning.deploy.export_program` and
+:func:`~polyattn_lightning.deploy.write_export` (dynamic batch, and sequence for text; traced on
 two rows) and run in onnxruntime with one intra-op and one inter-op thread (``torch.set_num_threads(1)`` for the
 eager models). The four cases of a model (``poly3-onnx``, ``softmax-onnx``, ``poly3-eager``, ``softmax-eager``)
 run round-robin on ``--instances`` copies (sessions and models of the same weights); the ratios are the medians of
@@ -26,8 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.switch import set_attention
-from ..commands.export.formats import export_program, write_export
-from ..commands.export.source import hf_source
+from ..deploy import export_program, hf_source, write_export
 from ..errors import ArgumentParser
 from . import chosen_parts, quiet_loggers
 from .hf import paired, pooled, summarise

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from polyattn_lightning import cli, export_checkpoint, set_attention
-from polyattn_lightning.commands.export import export_program, exportable, write_export
+from polyattn_lightning.commands.export import exportable
+from polyattn_lightning.deploy import export_program, write_export
 from polyattn_lightning.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -15,8 +15,7 @@ import transformers
 
 from polyattn_lightning import cli, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained
-from polyattn_lightning.commands.export.formats import write_source
-from polyattn_lightning.commands.export.source import ExportRefused, hf_source
+from polyattn_lightning.deploy import ExportRefused, hf_source, write_source
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -24,22 +24,29 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from ...errors import ArgumentParser, ConfigError
-from .formats import FORMATS, refusal, write_checked
-from .source import ExportRefused, load_source
+import yaml
+from torch import nn
 
-#: The largest max abs difference an fp32 export may show against the PyTorch model.
-TOLERANCE = 1e-4
+from ..attention import set_attention
+from ..cli import make_cli
+from ..cli.runs import checkpoint_run_dir, newest_saved_config
+from ..deploy import FORMATS, TOLERANCE, ExportRefused, Source, hf_source, refusal, write_checked
+from ..errors import ArgumentParser, ConfigError, MissingPathError
+from .check_data import DataOnlyCLI
+from .maps import load_module
 
 
 def export_checkpoint(
     ckpt: str | os.PathLike, out: str | os.PathLike, format: str = "pt2", tolerance: float = TOLERANCE
 ) -> Path:
     """Export the model of the run checkpoint, or saved Hugging Face folder, ``ckpt`` to ``out`` in ``format`` (one
-    of :data:`FORMATS`), checked on the run's inputs against the PyTorch model (max abs difference at most
-    ``tolerance``, fp32); returns ``out``. Refuses, in one line, an existing ``out``, an unknown format, a missing
+    of :data:`~polyattn_lightning.deploy.FORMATS`), checked on the run's inputs against the PyTorch model (max abs
+    difference at most ``tolerance``, fp32); returns ``out``. Refuses, in one line, an existing ``out``, an unknown format, a missing
     checkpoint, a model or format that cannot export, and an export beyond the tolerance (nothing written)."""
     ckpt, out = Path(ckpt), Path(out)
     if format not in FORMATS:
@@ -69,6 +76,97 @@ def export_checkpoint(
     print(line)
     print(f"wrote {out} ({FORMATS[format]}" + (f"; dynamic: {dynamic})" if dynamic else ")"))
     return out
+
+
+def load_source(path: Path) -> Source:
+    """The model of a run's checkpoint (file or sharded folder) or of a saved Hugging Face folder, with its inputs;
+    refuses, in one line, what is neither a timm image model nor a Hugging Face model taking ids or images."""
+    if not path.exists():
+        raise MissingPathError(f"checkpoint {path} does not exist (a run's checkpoint, or a saved model folder)")
+    if path.is_dir() and (path / "config.json").is_file():
+        return _saved_folder(path)
+    module = load_module(path, None)
+    model = exportable(module).eval()
+    batch, inputs_from = run_batch(path)
+    if hasattr(model, "pretrained_cfg"):
+        images = batch[0] if isinstance(batch, (tuple, list)) else None
+        if not isinstance(images, Tensor):
+            raise ConfigError(f"{inputs_from}: the run's batches are not (images, labels) as a timm model takes")
+        return Source(
+            "timm",
+            type(model).__name__,
+            model,
+            ("images",),
+            (images.float(),),
+            inputs_from,
+            rebuild=lambda: fresh_timm_model(module),
+        )
+    source = hf_source(model, batch, inputs_from)
+    source.save_pretrained = module.export
+    return source
+
+
+def exportable(module) -> nn.Module:
+    """The module's network, refused in one line (with the reason) where it is neither a timm image model nor a
+    Hugging Face model."""
+    model = getattr(module, "model", None)
+    if isinstance(model, nn.Module) and (hasattr(model, "pretrained_cfg") or _is_hf(model)):
+        return model
+    raise ConfigError(
+        f"polyattn export takes timm image models and Hugging Face models; {type(module).__name__}'s "
+        f"{type(model).__name__} is neither (a detector's post-processing is data-dependent and does not export)"
+    )
+
+
+def run_batch(ckpt: Path) -> tuple[Any, str]:
+    """The first validation batch of the run that wrote ``ckpt`` (built from the config saved beside it), and where
+    it comes from in words."""
+    config = newest_saved_config(checkpoint_run_dir(ckpt))
+    if config is None:
+        raise ConfigError(
+            f"no config saved beside {ckpt} (its run folder's config.yaml): the export is checked on a batch of the "
+            "run's data, which that config names"
+        )
+    sys.argv = sys.argv[:1]  # parsed here: LightningCLI would warn that its args and sys.argv both hold some
+    saved = yaml.safe_load(config.read_text()) or {}
+    pieces = {key: saved[key] for key in ("model", "data") if key in saved}  # the fit-only keys (ckpt_path) left out
+    with tempfile.TemporaryDirectory() as folder:
+        config_piece = Path(folder, "config.yaml")
+        config_piece.write_text(yaml.safe_dump(pieces))
+        datamodule = make_cli(["--config", str(config_piece)], run=False, cli_class=DataOnlyCLI).datamodule
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    return next(iter(datamodule.val_dataloader())), "the run's data"
+
+
+def fresh_timm_model(module) -> nn.Module:
+    """The module's timm model built anew as a user would: ``timm.create_model`` and ``set_attention``."""
+    import timm
+
+    hp = module.hparams
+    kwargs = dict(hp.get("model_kwargs") or {})
+    if hp.get("img_size") is not None:
+        kwargs["img_size"] = hp.img_size
+    model = timm.create_model(hp.model_name, num_classes=hp.num_classes, **kwargs)
+    if hp.get("attention") is not None:
+        set_attention(model, hp.attention)
+    return model.eval()
+
+
+def _saved_folder(folder: Path) -> Source:
+    import transformers
+
+    from ..attention.switch.hf import load_pretrained
+
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    architectures = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, architectures[0], None) if architectures else None
+    model = load_pretrained(folder, auto_class=cls)
+    return hf_source(model, None, f"random inputs (a saved folder, {folder}, has no run to take a batch from)")
+
+
+def _is_hf(model: nn.Module) -> bool:
+    return hasattr(model, "config") and type(model).__module__.startswith("transformers.")
 
 
 def parser() -> ArgumentParser:

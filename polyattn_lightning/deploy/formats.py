@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
-from .source import ExportRefused, FirstOutput, Source
+from .model import ExportRefused, FirstOutput, Source
 
 #: The formats, with what each writes.
 FORMATS = {
@@ -22,6 +22,8 @@ FORMATS = {
     "state_dict": "a timm model's state dict without Lightning's 'model.' prefix",
     "pretrained": "a Hugging Face run's save_pretrained folder (the task's own export)",
 }
+#: The largest max abs difference an fp32 export may show against the PyTorch model.
+TOLERANCE = 1e-4
 #: The formats each kind of model takes.
 KIND_FORMATS = {"timm": ("pt2", "onnx", "state_dict"), "hf": ("pt2", "onnx", "pretrained")}
 #: The largest batch, and the longest sequence where the model's config states none, a dynamic dimension declares.
@@ -121,7 +123,7 @@ def write_checked(source: Source, fmt: str, path: Path) -> tuple[float, str]:
 def write_pretrained(source: Source, folder: Path) -> Callable[..., Tensor]:
     """The run's ``save_pretrained`` folder (the task's export: ``tasks.export.write_export``), loaded back with
     ``load_pretrained``."""
-    from ...attention.switch.hf import load_pretrained
+    from ..attention.switch.hf import load_pretrained
 
     source.save_pretrained(folder)
     model = load_pretrained(folder, auto_class=type(source.model.model)).eval()
