@@ -46,8 +46,9 @@ def export_checkpoint(
 ) -> Path:
     """Export the model of the run checkpoint, or saved Hugging Face folder, ``ckpt`` to ``out`` in ``format`` (one
     of :data:`~polyattn_lightning.deploy.FORMATS`), checked on the run's inputs against the PyTorch model (max abs
-    difference at most ``tolerance``, fp32); returns ``out``. Refuses, in one line, an existing ``out``, an unknown format, a missing
-    checkpoint, a model or format that cannot export, and an export beyond the tolerance (nothing written)."""
+    difference at most ``tolerance``, fp32); returns ``out``. Refuses, in one line, an existing ``out``, an unknown
+    format, a missing checkpoint, a model or format that cannot export, and an export beyond the tolerance (nothing
+    written)."""
     ckpt, out = Path(ckpt), Path(out)
     if format not in FORMATS:
         raise ConfigError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
