@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from torch import nn
+from torch import Tensor, nn
 
 from ..attention import set_attention
 from ..cli import make_cli
