@@ -6,6 +6,7 @@ operators only, the attention as its ``N x N`` scores.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,8 +142,8 @@ def refusal(source: Source, fmt: str) -> str | None:
 
 
 def first_line(error: BaseException | None) -> str:
-    """An exception in one line of at most 300 characters."""
-    text = f"{type(error).__name__}: {error}".strip()
+    """An exception in one line of at most 300 characters, without terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(error).__name__}: {error}").strip()
     return text.splitlines()[0][:300]
 
 

@@ -92,9 +92,11 @@ WHAT_IT_TAKES = "polyattn export traces text models on input_ids and attention_m
 
 
 def _random_images(config) -> tuple[Tensor]:
+    """Images at the model's size (a video model's: ``num_frames`` of them per row)."""
     size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    frames = (config.num_frames,) if getattr(config, "num_frames", None) else ()
     generator = torch.Generator().manual_seed(0)
-    return (torch.randn(RANDOM_ROWS, config.num_channels, size, size, generator=generator),)
+    return (torch.randn(RANDOM_ROWS, *frames, config.num_channels, size, size, generator=generator),)
 
 
 def _random_text(config) -> tuple[Tensor, Tensor]:
