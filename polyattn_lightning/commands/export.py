@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
 from torch import Tensor, nn
@@ -88,7 +87,8 @@ def load_source(path: Path) -> Source:
         return _saved_folder(path)
     module = load_module(path, None)
     model = exportable(module).eval()
-    batch, inputs_from = run_batch(path)
+    datamodule = run_data(path)
+    batch, inputs_from = next(iter(datamodule.val_dataloader())), "the run's data"
     if hasattr(model, "pretrained_cfg"):
         images = batch[0] if isinstance(batch, (tuple, list)) else None
         if not isinstance(images, Tensor):
@@ -103,8 +103,16 @@ def load_source(path: Path) -> Source:
             rebuild=lambda: fresh_timm_model(module),
         )
     source = hf_source(model, batch, inputs_from)
-    source.save_pretrained = module.export
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    source.save_pretrained = lambda folder: _save_pretrained(module, tokenizer, folder)
     return source
+
+
+def _save_pretrained(module, tokenizer, folder: Path) -> None:
+    """The task's own ``save_pretrained`` export, with the run's tokenizer beside the model (as ``export_dir``)."""
+    module.export(folder)
+    if callable(getattr(tokenizer, "save_pretrained", None)):
+        tokenizer.save_pretrained(folder)
 
 
 def exportable(module) -> nn.Module:
@@ -119,9 +127,9 @@ def exportable(module) -> nn.Module:
     )
 
 
-def run_batch(ckpt: Path) -> tuple[Any, str]:
-    """The first validation batch of the run that wrote ``ckpt`` (built from the config saved beside it), and where
-    it comes from in words."""
+def run_data(ckpt: Path):
+    """The validation data of the run that wrote ``ckpt`` (its data module, built from the config saved beside it
+    and set up for validation)."""
     config = newest_saved_config(checkpoint_run_dir(ckpt))
     if config is None:
         raise ConfigError(
@@ -137,7 +145,7 @@ def run_batch(ckpt: Path) -> tuple[Any, str]:
         datamodule = make_cli(["--config", str(config_piece)], run=False, cli_class=DataOnlyCLI).datamodule
     datamodule.prepare_data()
     datamodule.setup("validate")
-    return next(iter(datamodule.val_dataloader())), "the run's data"
+    return datamodule
 
 
 def fresh_timm_model(module) -> nn.Module:

@@ -103,6 +103,7 @@ def test_a_hugging_face_run_exports_each_format_checked_on_its_data(llama_run, t
     # the save_pretrained folder: the task's export (the marker, the remote code), loading switched as trained
     saved = tmp_path / "saved"
     assert (saved / "polyattn_export.json").is_file() and (saved / "modeling_polyattn.py").is_file()
+    assert (saved / "tokenizer.json").is_file()  # the run's tokenizer beside the model, as export_dir writes it
     model = load_pretrained(saved, auto_class=transformers.LlamaForCausalLM).eval()
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))  # the run's batches: ids only
     program = torch.export.load(tmp_path / "model.pt2").module()
