@@ -46,6 +46,8 @@ def formats_of(source: Source) -> dict:
                 continue
         if error <= TOLERANCE:
             works.append(fmt + (f" (dynamic {dynamic})" if fmt == "pt2" else ""))
+        elif error != error:  # NaN: the PyTorch model's own outputs are not finite on the random inputs
+            refused[fmt] = "not checked: the PyTorch model's outputs on random inputs are not finite"
         else:
             refused[fmt] = f"max abs error {error:.3g} beyond the tolerance {TOLERANCE:g}"
     return {"formats": works, "refused": refused}
