@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 import transformers
+from test_export import _refused  # the CLI's refusal: exit 2, one error line
 
 from polyattn_lightning import cli, set_attention
 from polyattn_lightning.attention.switch.hf import load_pretrained
@@ -113,15 +114,6 @@ def test_a_hugging_face_run_exports_each_format_checked_on_its_data(llama_run, t
     cli.main(["export", "--ckpt", str(saved), "--out", str(tmp_path / "again.onnx"), "--format", "onnx"])
     (found,) = CHECK.findall(capsys.readouterr().out)
     assert found[0] == "onnx" and found[2].startswith("random inputs (a saved folder")
-
-
-def _refused(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["export", *argv])
-    assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1
-    return lines[0]
 
 
 def test_a_format_for_the_other_kind_of_model_is_refused_and_nothing_is_left(llama_run, tmp_path, capsys):
