@@ -28,7 +28,7 @@ LAYERS = (
     {"data", "sharding"},
     {"callbacks", "tasks"},
     {"cli"},
-    {"grids", "harness"},
+    {"grids", "harness", "deploy"},
     {"commands", "bench", "__main__"},
 )
 

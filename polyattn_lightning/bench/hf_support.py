@@ -10,7 +10,9 @@ docs/reference/hf-models.md`` rewrites the table between its markers; ``--check 
 fails when it differs from the measurement. The poly3 outputs are checked against an independent reference
 (HF's eager code of each family, copied into the tests with its softmax replaced by ``phi(S) / sqrt(N)``) by the
 tests, not here: the table's last column says what they check
-(:data:`REFERENCE_CHECKS`, which the tests assert).
+(:data:`REFERENCE_CHECKS`, which the tests assert). The ``exports`` column says which ``polyattn export`` formats
+work for the family's tiny model, read from ``docs/export-support.json`` (measured by exporting it: ``python -m
+polyattn_lightning.bench export-support --kind hf``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..attention.switch.hf.families import adapter_for
 from ..attention.switch.reviewed import records
 from ..errors import ConfigError
 from . import quiet_loggers
+from .export_table import export_cell
 from .readme_table import Markers, table_command
 
 #: A small text model: 2 layers of width 32, 4 heads (grouped-query models: 2 key/value heads).
@@ -254,9 +257,11 @@ class SupportRow:
     switched: str  # attention classes switched, with counts
     state: str  # "switched" | "refused: ..." | "wrong: ..."
     checked: str  # what the tests check against their reference: REFERENCE_CHECKS; "" for a family not switched
+    exports: str = ""  # the export formats that work (export_table.export_cell)
 
     def markdown(self) -> str:
-        return f"| {self.family} | `{self.model}` | {self.route} | {self.switched} | {self.state} | {self.checked} |"
+        cells = (self.family, f"`{self.model}`", self.route, self.switched, self.state, self.checked, self.exports)
+        return "| " + " | ".join(cells) + " |"
 
 
 def outputs(out) -> list[torch.Tensor]:
@@ -293,7 +298,7 @@ def run(model: nn.Module, inputs: dict) -> torch.Tensor:
 
 def measure(fam: Family) -> SupportRow:
     """Switch the family's tiny model to softmax (compared with HF's own outputs) and to poly3."""
-    model = build(fam)
+    model, exports = build(fam), export_cell("hf", fam.name)
     try:
         inputs = probe_inputs(model)
         expected = run(model, inputs)
@@ -303,15 +308,16 @@ def measure(fam: Family) -> SupportRow:
         set_attention(model, "poly3")
         run(model, inputs)
     except ConfigError as refused:
-        return SupportRow(fam.name, fam.model, "", "", f"refused: {refused}".replace("|", "/"), "")
+        return SupportRow(fam.name, fam.model, "", "", f"refused: {refused}".replace("|", "/"), "", exports)
     except Exception as err:  # noqa: BLE001 - a family that crashes is a row, not the end of the table
-        return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300], "")
+        return SupportRow(fam.name, fam.model, "", "", f"error: {type(err).__name__}: {err}"[:300], "", exports)
     switched_modules = [m for _, m in attention_modules(model)]
     counts = Counter(_hf_class(m).__name__ for m in switched_modules)
     route = " + ".join(sorted({_route(m) for m in switched_modules}, reverse=True))
     switched = "<br>".join(f"`{name}` x{n}" for name, n in sorted(counts.items()))
     state = "switched" if error <= SOFTMAX_PARITY else f"wrong: softmax differs from HF's by {error:.1e}"
-    return SupportRow(fam.name, fam.model, route, switched, state, REFERENCE_CHECKS.get(fam.key, CHECKED_ELSEWHERE))
+    checked = REFERENCE_CHECKS.get(fam.key, CHECKED_ELSEWHERE)
+    return SupportRow(fam.name, fam.model, route, switched, state, checked, exports)
 
 
 #: The largest difference from HF's own softmax outputs that counts as equal.
@@ -345,8 +351,9 @@ END = "<!-- hf-support: end -->"
 
 def table(rows: list[SupportRow]) -> str:
     lines = [
-        "| family | model measured | route | attention switched | state | checked against the tests' reference |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| family | model measured | route | attention switched | state | checked against the tests' reference "
+        "| exports |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *(r.markdown() for r in rows),
     ]
     return "\n".join(lines)

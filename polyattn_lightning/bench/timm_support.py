@@ -5,7 +5,10 @@ name by :data:`SIZE_ORDER`, ``pretrained=False``, on the meta-free CPU), plus th
 whose attention differs within a module, and switches each to ``poly3`` with ``strict=False``: the
 probe forward says what switched and what stays softmax, and why. ``python -m
 polyattn_lightning.bench timm-support --write docs/reference/timm-models.md`` rewrites the table between its
-markers; ``--check docs/reference/timm-models.md`` fails when that page's table differs from the measurement. A
+markers; ``--check docs/reference/timm-models.md`` fails when that page's table differs from the measurement. The
+``exports`` column says which ``polyattn export`` formats work for a switched row's model, read from
+``docs/export-support.json`` (measured by exporting it: ``python -m polyattn_lightning.bench export-support
+--kind timm``). A
 module whose first model has no attention but a variant has (fastvit, mobilenetv3) shows the variant's row only.
 """
 
@@ -22,6 +25,7 @@ import torch
 from ..attention.switch.base import SwitchedAttention
 from ..attention.switch.timm import AttentionRefused, switch_modules
 from ..attention.switch.timm.tables import class_name
+from .export_table import export_cell
 from .readme_table import Markers, table_command
 
 #: Name parts of the small members of a model family, smallest first.
@@ -57,6 +61,9 @@ VARIANTS: tuple[tuple[str, str, dict], ...] = (
     ("mobilenetv3", "mobilenetv4_hybrid_medium", {}),  # MobileNetV4 hybrids: multi-query attention
 )
 
+#: The verdicts of the rows whose model is exported (``bench export-support``): the others switch nothing.
+EXPORTED_VERDICTS = ("switched", "switched, pooling head softmax", "partly switched")
+
 #: Smaller builds of models whose smallest registered size is slow on CPU (depth only: same classes).
 SMALLER = {
     "beit_base_patch16_224": {"depth": 2},
@@ -81,9 +88,11 @@ class SupportRow:
     verdict: str  # "switched" | "switched, pooling head softmax" | "partly switched" | "refused" | "no attention"
     switched: str  # switched classes with counts
     softmax: str  # what stays softmax: class: reason
+    exports: str = ""  # the export formats that work (export_table.export_cell); "" where nothing switched
 
     def markdown(self) -> str:
-        return f"| {self.family} | `{self.model}` | {self.verdict} | {self.switched} | {self.softmax} |"
+        cells = (self.family, f"`{self.model}`", self.verdict, self.switched, self.softmax, self.exports)
+        return "| " + " | ".join(cells) + " |"
 
 
 def model_modules() -> dict[str, list[str]]:
@@ -131,6 +140,7 @@ def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
         verdict,
         "<br>".join(f"`{c}` x{n}" for c, n in sorted(counts.items())),
         "<br>".join(f"`{c}` x{n}: {reason}" for (c, reason, _), n in sorted(kept.items())),
+        export_cell("timm", label) if verdict in EXPORTED_VERDICTS else "",
     )
 
 
@@ -154,8 +164,8 @@ def table(rows: list[SupportRow]) -> str:
     with_attention = {r.family for r in attention}
     none = sorted({r.family for r in rows} - with_attention)
     lines = [
-        "| timm module | model measured | verdict | switched | stays softmax |",
-        "| --- | --- | --- | --- | --- |",
+        "| timm module | model measured | verdict | switched | stays softmax | exports |",
+        "| --- | --- | --- | --- | --- | --- |",
         *(r.markdown() for r in attention),
     ]
     if none:

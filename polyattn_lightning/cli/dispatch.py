@@ -29,7 +29,7 @@ COMMANDS = {
     "check-data": "decode every image file of a config's data set once and list every bad file",
     "consolidate": "a sharded checkpoint folder as one checkpoint file, or as a save_pretrained folder",
     "eval": "evaluate models side by side: causal LMs with lm-eval (local tasks), vision runs with `test`",
-    "export": "a run's model as torch.export (.pt2), ONNX or a timm state dict, checked against PyTorch",
+    "export": "a run's model or a saved HF folder as .pt2, ONNX, a timm state dict or save_pretrained, checked",
     "grid": "train every cell of a grid of settings (activations x seeds...), resumable; `grid report DIR`",
 }
 

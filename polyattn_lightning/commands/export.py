@@ -1,52 +1,135 @@
-"""``polyattn export --ckpt RUN.ckpt --out FILE [--format pt2|onnx|state_dict]``: a run's model where it is deployed.
+"""``polyattn export --ckpt RUN.ckpt|FOLDER --out PATH [--format pt2|onnx|state_dict|pretrained]``: a run's model
+where it is deployed.
 
-From a run's checkpoint (the config saved beside it, as ``polyattn maps`` finds it, gives the run's data) to
+From a run's checkpoint (the config saved beside it, as ``polyattn maps`` finds it, gives the run's data) or a saved
+switched Hugging Face folder (``save_pretrained``; checked on random inputs) to
 
-* ``pt2``: a ``torch.export`` program (``torch.export.save``; dynamic batch), which loads with
-  ``torch.export.load`` in a process without this project;
-* ``onnx``: ONNX through ``torch.onnx.export(..., dynamo=True)`` (dynamic batch), the attention as standard
-  operators (while exporting, ``kernel="auto"`` takes a decomposable form: ``attention.kernels.pick``);
+* ``pt2``: a ``torch.export`` program (``torch.export.save``; dynamic batch and, for text models where the model
+  allows it, dynamic sequence length), which loads with ``torch.export.load`` in a process without this project;
+* ``onnx``: ONNX through ``torch.onnx.export(..., dynamo=True)`` (the same dynamic dimensions), the attention as
+  standard operators (while exporting, ``kernel="auto"`` takes a decomposable form: ``attention.kernels.pick``);
 * ``state_dict``: for timm models, the model's state dict without Lightning's ``model.`` prefix, which loads with
-  ``timm.create_model`` + ``set_attention`` + ``load_state_dict``.
+  ``timm.create_model`` + ``set_attention`` + ``load_state_dict``;
+* ``pretrained``: for Hugging Face runs, the task's ``save_pretrained`` folder (``tasks.export.write_export``: the
+  activation in its config, remote code where the model allows it), loaded back with ``load_pretrained``.
 
-Each export is checked at once: the written file, loaded back (onnxruntime for ONNX; for the state dict a model built
-anew as above), runs a batch of the run's validation data, traced on two of its samples and checked on all of them,
-and its max abs difference from the PyTorch model is printed beside the tolerance. Beyond it nothing is left: the file
-is written under a temporary name and renamed only once it passed.
+Each export is checked at once: the written file, loaded back (onnxruntime for ONNX), runs the run's inputs (a
+batch of its validation data), traced on two of its rows and checked on all of them, and its max abs difference
+from the PyTorch model is printed beside the tolerance. Beyond it, or where the model cannot export (a Hugging Face
+model that takes more than token ids or images, a family the exporters fail on), the command refuses in one line and
+nothing is left: the export is written under a temporary name and renamed only once it passed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import yaml
 from torch import Tensor, nn
 
 from ..attention import set_attention
 from ..cli import make_cli
 from ..cli.runs import checkpoint_run_dir, newest_saved_config
+from ..deploy import FORMATS, TOLERANCE, ExportRefused, Source, hf_source, refusal, write_checked
 from ..errors import ArgumentParser, ConfigError, MissingPathError
 from .check_data import DataOnlyCLI
 from .maps import load_module
 
-#: The formats, with what each writes.
-FORMATS = {
-    "pt2": "a torch.export program (torch.export.save), dynamic batch",
-    "onnx": "ONNX (torch.onnx.export, dynamo=True), dynamic batch",
-    "state_dict": "a timm model's state dict without Lightning's 'model.' prefix",
-}
-#: The largest max abs difference an fp32 export may show against the PyTorch model.
-TOLERANCE = 1e-4
+
+def export_checkpoint(
+    ckpt: str | os.PathLike, out: str | os.PathLike, format: str = "pt2", tolerance: float = TOLERANCE
+) -> Path:
+    """Export the model of the run checkpoint, or saved Hugging Face folder, ``ckpt`` to ``out`` in ``format`` (one
+    of :data:`~polyattn_lightning.deploy.FORMATS`), checked on the run's inputs against the PyTorch model (max abs
+    difference at most ``tolerance``, fp32); returns ``out``. Refuses, in one line, an existing ``out``, an unknown
+    format, a missing checkpoint, a model or format that cannot export, and an export beyond the tolerance (nothing
+    written)."""
+    ckpt, out = Path(ckpt), Path(out)
+    if format not in FORMATS:
+        raise ConfigError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
+    if not tolerance >= 0:
+        raise ConfigError(f"tolerance {tolerance} must be a number >= 0 (the max abs error an export may show)")
+    if out.exists():
+        raise ConfigError(f"{out} already exists; give a new path (an export never overwrites)")
+    source = load_source(ckpt)
+    refused = refusal(source, format)
+    if refused is not None:
+        raise ExportRefused(refused)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = "" if format == "pretrained" else f".{format}"  # torch.export.save wants .pt2
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}{suffix}")
+    rows = len(source.inputs[0])
+    try:
+        error, dynamic = write_checked(source, format, partial)
+        verdict = "within" if error <= tolerance else "beyond"
+        line = f"{format} export checked on {rows} {'images' if source.kind == 'timm' else 'rows'} of "
+        line += f"{source.inputs_from}: max abs error {error:.3g} ({verdict} the tolerance {tolerance:g})"
+        if error > tolerance:
+            raise ConfigError(f"{line}; nothing written")
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial) if partial.is_dir() else partial.unlink(missing_ok=True)
+    print(line)
+    print(f"wrote {out} ({FORMATS[format]}" + (f"; dynamic: {dynamic})" if dynamic else ")"))
+    return out
 
 
-def run_images(ckpt: Path) -> Tensor:
-    """The inputs of the first validation batch of the run that wrote ``ckpt``, built from the config saved beside
-    it."""
+def load_source(path: Path) -> Source:
+    """The model of a run's checkpoint (file or sharded folder) or of a saved Hugging Face folder, with its inputs;
+    refuses, in one line, what is neither a timm image model nor a Hugging Face model taking ids or images."""
+    if not path.exists():
+        raise MissingPathError(f"checkpoint {path} does not exist (a run's checkpoint, or a saved model folder)")
+    if path.is_dir() and (path / "config.json").is_file():
+        return _saved_folder(path)
+    module = load_module(path, None)
+    model = exportable(module).eval()
+    datamodule = run_data(path)
+    batch, inputs_from = next(iter(datamodule.val_dataloader())), "the run's data"
+    if hasattr(model, "pretrained_cfg"):
+        images = batch[0] if isinstance(batch, (tuple, list)) else None
+        if not isinstance(images, Tensor):
+            raise ConfigError(f"{inputs_from}: the run's batches are not (images, labels) as a timm model takes")
+        return Source(
+            "timm",
+            type(model).__name__,
+            model,
+            ("images",),
+            (images.float(),),
+            inputs_from,
+            rebuild=lambda: fresh_timm_model(module),
+        )
+    source = hf_source(model, batch, inputs_from)
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    source.save_pretrained = lambda folder: _save_pretrained(module, tokenizer, folder)
+    return source
+
+
+def _save_pretrained(module, tokenizer, folder: Path) -> None:
+    """The task's own ``save_pretrained`` export, with the run's tokenizer beside the model (as ``export_dir``)."""
+    module.export(folder)
+    if callable(getattr(tokenizer, "save_pretrained", None)):
+        tokenizer.save_pretrained(folder)
+
+
+def exportable(module) -> nn.Module:
+    """The module's network, refused in one line (with the reason) where it is neither a timm image model nor a
+    Hugging Face model."""
+    model = getattr(module, "model", None)
+    if isinstance(model, nn.Module) and (hasattr(model, "pretrained_cfg") or _is_hf(model)):
+        return model
+    raise ConfigError(
+        f"polyattn export takes timm image models and Hugging Face models; {type(module).__name__}'s "
+        f"{type(model).__name__} is neither (a detector's post-processing is data-dependent and does not export)"
+    )
+
+
+def run_data(ckpt: Path):
+    """The validation data of the run that wrote ``ckpt`` (its data module, built from the config saved beside it
+    and set up for validation)."""
     config = newest_saved_config(checkpoint_run_dir(ckpt))
     if config is None:
         raise ConfigError(
@@ -62,23 +145,7 @@ def run_images(ckpt: Path) -> Tensor:
         datamodule = make_cli(["--config", str(config_piece)], run=False, cli_class=DataOnlyCLI).datamodule
     datamodule.prepare_data()
     datamodule.setup("validate")
-    batch = next(iter(datamodule.val_dataloader()))
-    images = batch[0] if isinstance(batch, (tuple, list)) else None
-    if not isinstance(images, Tensor):
-        raise ConfigError(f"{config}: the run's batches are not (images, labels); polyattn export takes image models")
-    return images
-
-
-def exportable(module) -> nn.Module:
-    """The module's network, refused in one line (with the reason) where it is not a timm image model."""
-    model = getattr(module, "model", None)
-    if not (isinstance(model, nn.Module) and hasattr(model, "pretrained_cfg")):
-        raise ConfigError(
-            f"polyattn export takes timm image models; {type(module).__name__}'s "
-            f"{type(model).__name__} is not one (a Hugging Face model: its save_pretrained folder, "
-            "`polyattn consolidate`; a detector's post-processing is data-dependent and does not export)"
-        )
-    return model
+    return datamodule
 
 
 def fresh_timm_model(module) -> nn.Module:
@@ -95,95 +162,45 @@ def fresh_timm_model(module) -> nn.Module:
     return model.eval()
 
 
-def export_program(model: nn.Module, sample: Tensor) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` traced on ``sample`` with a dynamic batch (dimension 0)."""
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    return torch.export.export(model, (sample,), dynamic_shapes=({0: batch},))
+def _saved_folder(folder: Path) -> Source:
+    import transformers
+
+    from ..attention.switch.hf import load_pretrained
+
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    architectures = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, architectures[0], None) if architectures else None
+    model = load_pretrained(folder, auto_class=cls)
+    return hf_source(model, None, f"random inputs (a saved folder, {folder}, has no run to take a batch from)")
 
 
-def write_export(
-    model: nn.Module,
-    fmt: str,
-    sample: Tensor,
-    path: Path,
-    rebuild: Callable[[], nn.Module] | None = None,
-    program: torch.export.ExportedProgram | None = None,
-) -> Callable[[Tensor], Tensor]:
-    """Write ``model`` in ``fmt`` to ``path`` (``pt2`` and ``onnx`` from ``program``, else from
-    :func:`export_program` on ``sample``); returns a function that runs the written file, loaded back, on images (a
-    state dict: in the model ``rebuild`` builds anew)."""
-    if fmt == "state_dict":
-        torch.save(model.state_dict(), path)
-        fresh = rebuild()
-        fresh.load_state_dict(torch.load(path, weights_only=True))
-        return fresh
-    program = program or export_program(model, sample)
-    if fmt == "pt2":
-        torch.export.save(program, path)
-        return torch.export.load(path).module()
-    import onnxruntime
-
-    torch.onnx.export(program, dynamo=True, verbose=False).save(str(path))
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-
-
-def export_checkpoint(
-    ckpt: str | os.PathLike, out: str | os.PathLike, format: str = "pt2", tolerance: float = TOLERANCE
-) -> Path:
-    """Export the model of the run checkpoint ``ckpt`` to ``out`` in ``format`` (one of :data:`FORMATS`), checked
-    on a batch of the run's data against the PyTorch model (max abs difference at most ``tolerance``, fp32); returns
-    ``out``. Refuses, in one line, an existing ``out``, an unknown format, a missing checkpoint, a model that cannot
-    export, and an export beyond the tolerance (nothing written)."""
-    ckpt, out = Path(ckpt), Path(out)
-    if format not in FORMATS:
-        raise ConfigError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
-    if not tolerance >= 0:
-        raise ConfigError(f"tolerance {tolerance} must be a number >= 0 (the max abs error an export may show)")
-    if out.exists():
-        raise ConfigError(f"{out} already exists; give a new path (an export never overwrites)")
-    if not ckpt.exists():
-        raise MissingPathError(f"checkpoint {ckpt} does not exist")
-    module = load_module(ckpt, None)
-    model = exportable(module).eval()
-    images = run_images(ckpt).float()
-    sample = images[:2] if len(images) > 2 else images.repeat(2, 1, 1, 1)[:2]  # traced at 2, checked at the batch
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}.{format}")  # torch.export.save wants .pt2
-    try:
-        with torch.no_grad():
-            run = write_export(model, format, sample, partial, lambda: fresh_timm_model(module))
-            error = (run(images) - model(images)).abs().max().item()
-        verdict = "within" if error <= tolerance else "beyond"
-        line = f"{format} export checked on {len(images)} images of the run's data: max abs error {error:.3g} "
-        line += f"({verdict} the tolerance {tolerance:g})"
-        if error > tolerance:
-            raise ConfigError(f"{line}; nothing written")
-        partial.rename(out)
-    finally:
-        partial.unlink(missing_ok=True)
-    print(line)
-    print(f"wrote {out} ({FORMATS[format]})")
-    return out
+def _is_hf(model: nn.Module) -> bool:
+    return hasattr(model, "config") and type(model).__module__.startswith("transformers.")
 
 
 def parser() -> ArgumentParser:
+    """The command's options (``--ckpt``, ``--out``, ``--format``, ``--tolerance``)."""
     p = ArgumentParser(
         prog="polyattn export",
         description=(
-            "Export a run's model (pt2, onnx, or a timm state dict), checked at once on a batch of the run's data "
-            f"against the PyTorch model (max abs error at most {TOLERANCE:g}, fp32)."
+            "Export a run's model, or a saved switched Hugging Face folder (pt2, onnx, a timm state dict, a "
+            "Hugging Face run's save_pretrained folder), checked at once on the run's inputs against the PyTorch "
+            f"model (max abs error at most {TOLERANCE:g}, fp32)."
         ),
     )
-    p.add_argument("--ckpt", type=Path, required=True, help="checkpoint of a run (its config.yaml beside it)")
-    p.add_argument("--out", type=Path, required=True, help="file to write (never overwritten)")
+    p.add_argument(
+        "--ckpt",
+        type=Path,
+        required=True,
+        help="checkpoint of a run (its config.yaml beside it), or a saved switched Hugging Face folder",
+    )
+    p.add_argument("--out", type=Path, required=True, help="file (pretrained: folder) to write, never overwritten")
     p.add_argument("--format", default="pt2", help=f"one of {', '.join(FORMATS)} (default: pt2)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help=f"max abs error allowed (default {TOLERANCE:g})")
     return p
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Run the command; returns the file written."""
+    """Run the command; returns what it wrote."""
     args = parser().parse_args(argv)
     return export_checkpoint(args.ckpt, args.out, args.format, args.tolerance)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from polyattn_lightning import cli, export_checkpoint, set_attention
-from polyattn_lightning.commands.export import export_program, exportable, write_export
+from polyattn_lightning.commands.export import exportable
+from polyattn_lightning.deploy import export_program, write_export
 from polyattn_lightning.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -119,7 +120,7 @@ def test_cli_refusals_exit_2_and_leave_nothing(checkpoint, tmp_path, capsys):
 
 
 def test_a_model_that_is_not_a_timm_model_is_refused_with_the_reason(tmp_path):
-    with pytest.raises(ConfigError, match="polyattn export takes timm image models; SimpleNamespace's Linear"):
+    with pytest.raises(ConfigError, match="takes timm image models and Hugging Face models; SimpleNamespace's Linear is"):
         exportable(SimpleNamespace(model=nn.Linear(2, 2)))
     with pytest.raises(ConfigError, match="unknown export format"):
         export_checkpoint(tmp_path / "x.ckpt", tmp_path / "x.bin", format="bin")

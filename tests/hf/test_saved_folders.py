@@ -243,3 +243,18 @@ def test_switching_back_to_softmax_leaves_a_plain_folder_and_the_export_carries_
         if mark is not None:
             assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_polyattn.LlamaForCausalLM"
             assert config["auto_map"]["AutoModel"] == "modeling_polyattn.LlamaModel"
+
+
+def test_the_auto_map_names_one_class_where_transformers_maps_a_config_to_several(tmp_path):
+    """transformers maps DeiT's config to two image classifiers (with and without the distillation head): the
+    folder's ``auto_map`` names the saved model's own class, which ``trust_remote_code`` then loads."""
+    import transformers
+
+    config = transformers.DeiTConfig(**family("deit").config)
+    model = transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    set_attention(model, "poly3")
+    model.save_pretrained(tmp_path)
+    write_remote_code(model, tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForImageClassification"] == "modeling_polyattn.DeiTForImageClassificationWithTeacher"
+    assert auto_map["AutoModel"] == "modeling_polyattn.DeiTModel"

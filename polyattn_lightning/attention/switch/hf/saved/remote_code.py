@@ -57,7 +57,8 @@ def remote_code_refusal(model: nn.Module) -> str | None:
 
 def auto_map(model: nn.Module) -> dict[str, str]:
     """``{auto class: "modeling_polyattn.<model class>"}`` for each of :data:`AUTO_CLASSES` that maps the model's
-    config class."""
+    config class (where it maps it to several classes, as DeiT's image classifiers: the model's own, else the
+    first)."""
     import transformers
 
     found = {}
@@ -67,6 +68,8 @@ def auto_map(model: nn.Module) -> dict[str, str]:
             model_class = mapping[type(model.config)]
         except KeyError:
             continue
+        if isinstance(model_class, tuple):
+            model_class = type(model) if type(model) in model_class else model_class[0]
         found[name] = f"{Path(MODELING_FILE).stem}.{model_class.__name__}"
     return found
 

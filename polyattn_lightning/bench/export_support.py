@@ -1,0 +1,146 @@
+"""Which ``polyattn export`` formats work per row of the timm and Hugging Face support tables, measured by exporting
+each row's tiny model: what their ``exports`` column reads (:data:`~.export_table.EXPORT_SUPPORT`).
+
+``python -m polyattn_lightning.bench export-support --kind timm|hf [--write FILE] [names...]`` builds the model
+each support table measures (timm: the row's model, :mod:`.timm_support`, for the rows whose attention switches;
+Hugging Face: the family's tiny model, :mod:`.hf_support`), switches it to ``poly3`` and writes every format of
+its kind as ``polyattn export`` does (:func:`~polyattn_lightning.deploy.write_checked`): ``pt2``
+and ``onnx`` traced on two rows and checked on three (``pt2`` named with its dynamic dimensions); timm
+``state_dict`` through ``timm.create_model`` + ``set_attention`` + ``load_state_dict``; Hugging Face ``pretrained``
+through the task's ``save_pretrained`` export (``tasks.export.write_export``) and
+``load_pretrained``. A format works when its max abs difference from PyTorch is within the fp32 tolerance.
+``--write`` merges each row into the file as soon as it is measured (the rows not measured keep theirs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+from ..attention.switch import set_attention
+from ..deploy import KIND_FORMATS, TOLERANCE, Source, hf_source, write_checked
+from ..deploy.formats import first_line
+from ..errors import ArgumentParser, ConfigError
+from ..tasks.export import write_export
+from . import hf_support, quiet_loggers, timm_support
+from .export_table import EXPORT_SUPPORT
+
+
+def formats_of(source: Source) -> dict:
+    """``{"formats": [...], "refused": {format: reason}}``: each format of the source's kind written and checked in
+    a temporary folder (``pt2`` named with its dynamic dimensions)."""
+    works, refused = [], {}
+    for fmt in KIND_FORMATS[source.kind]:
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                error, dynamic = write_checked(source, fmt, Path(folder) / f"model.{fmt}")
+            except Exception as err:  # noqa: BLE001 - a format that fails is the row's cell, said in one line
+                refused[fmt] = first_line(err)[:200]
+                continue
+        if error <= TOLERANCE:
+            works.append(fmt + (f" (dynamic {dynamic})" if fmt == "pt2" else ""))
+        elif error != error:  # NaN: the PyTorch model's own outputs are not finite on the random inputs
+            refused[fmt] = "not checked: the PyTorch model's outputs on random inputs are not finite"
+        else:
+            refused[fmt] = f"max abs error {error:.3g} beyond the tolerance {TOLERANCE:g}"
+    return {"formats": works, "refused": refused}
+
+
+def timm_source(name: str, kwargs: dict) -> Source:
+    """The timm model of a table row switched to poly3 (non-strictly, as the table measures it), on random images
+    at its input size; its state dict rebuilt the same way."""
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=False, **kwargs).eval()
+        set_attention(model, "poly3", strict=False)
+        return model
+
+    model = build()
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.pretrained_cfg["input_size"][1:]
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    images = torch.randn(3, model.pretrained_cfg["input_size"][0], *size, generator=torch.Generator().manual_seed(0))
+    return Source("timm", name, model, ("images",), (images,), "random images", rebuild=build)
+
+
+def hf_family_source(key: str) -> Source:
+    """The family's tiny model switched to poly3, on random inputs; its ``pretrained`` folder written by the tasks'
+    export (:func:`~polyattn_lightning.tasks.export.write_export`)."""
+    model = hf_support.build(hf_support.family(key))
+    set_attention(model, "poly3")
+    source = hf_source(model, None, "random inputs")
+    source.save_pretrained = lambda folder: write_export(model, model.state_dict(), folder, None, None, None)
+    return source
+
+
+def measure_row(kind: str, build: Callable[[], Source]) -> dict:
+    """The formats of the source ``build`` makes; a model that cannot be exported at all is its row's reason."""
+    try:
+        source = build()
+    except Exception as err:  # noqa: BLE001 - a model that takes other inputs, or does not build, is a row
+        return {"formats": [], "refused": {"all": first_line(err)[:200]}}
+    return formats_of(source)
+
+
+def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Source]]:
+    """``row -> what builds its source``: the Hugging Face families (keys ``names``: only those), or the timm
+    support table's switched rows (modules ``names``: only those), keyed as the tables show them."""
+    if kind == "hf":
+        return {
+            fam.name: (lambda key=fam.key: hf_family_source(key))
+            for fam in hf_support.FAMILIES
+            if not names or fam.key in names
+        }
+    rows, modules = {}, timm_support.model_modules()
+    for family in names or sorted(modules):
+        candidates = [(timm_support.smallest(modules[family]), {})]
+        candidates += [(name, kwargs) for module, name, kwargs in timm_support.VARIANTS if module == family]
+        for name, kwargs in candidates:
+            row = timm_support.measure(family, name, kwargs)
+            if row.verdict in timm_support.EXPORTED_VERDICTS:
+                full = {**timm_support.SMALLER.get(name, {}), **kwargs}
+                rows[row.model] = lambda name=name, full=full: timm_source(name, full)
+    return rows
+
+
+def write(path: Path, kind: str, rows: dict[str, dict]) -> None:
+    """Merge ``rows`` into the JSON file at ``path`` (the rows of other runs keep theirs)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[kind] = dict(sorted({**data.get(kind, {}), **rows}.items()))
+    data["measured_by"] = f"python -m polyattn_lightning.bench export-support (torch {torch.__version__})"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m polyattn_lightning.bench export-support", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--kind", choices=list(KIND_FORMATS), required=True, help="timm table rows or HF families")
+    parser.add_argument(
+        "--write", type=Path, help=f"merge the rows into this JSON file (the tables': {EXPORT_SUPPORT})"
+    )
+    parser.add_argument("names", nargs="*", help="only these timm model modules or HF family keys")
+    args = parser.parse_args(argv)
+    measured = {}
+    with quiet_loggers("polyattn_lightning"), quiet_loggers("transformers"):
+        todo = rows_to_measure(args.kind, args.names)
+        if not todo:
+            raise ConfigError(f"no {args.kind} row to measure among {args.names}")
+        for i, (row, build) in enumerate(todo.items()):
+            print(f"export-support: {row} ({i + 1}/{len(todo)})", flush=True)
+            measured[row] = measure_row(args.kind, build)
+            if args.write:  # each row as it is measured: a long run stopped keeps what it measured
+                write(args.write, args.kind, {row: measured[row]})
+    print(json.dumps(measured, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The support tables' ``exports`` column: measured by exporting a row's tiny model (``bench export-support``), written
+to a JSON file the tables read; a row the file does not hold says so; an encoder-decoder is refused with its reason."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polyattn_lightning.bench import export_support, export_table, hf_support, timm_support
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_a_family_is_measured_by_exporting_it_and_an_encoder_decoder_is_refused(tmp_path):
+    path = tmp_path / "export-support.json"
+    path.write_text(json.dumps({"hf": {"GPT-2": {"formats": ["onnx"], "refused": {}}}}))  # an earlier run's row
+    assert export_support.main(["--kind", "hf", "--write", str(path), "bert", "t5"]) == 0
+    measured = json.loads(path.read_text())["hf"]
+    assert measured["BERT"] == {"formats": ["pt2 (dynamic batch, sequence)", "onnx", "pretrained"], "refused": {}}
+    assert measured["T5"]["formats"] == []
+    assert measured["T5"]["refused"]["all"].startswith(
+        "ExportRefused: T5Model cannot be exported: an encoder-decoder takes decoder inputs")
+    assert measured["GPT-2"] == {"formats": ["onnx"], "refused": {}}  # kept: not measured by this run
+    cell = export_table.export_cell("hf", "T5", path)
+    assert cell.startswith("none<br>not all: ExportRefused: T5Model cannot be exported") and "|" not in cell
+    assert export_table.export_cell("hf", "BERT", path) == "pt2 (dynamic batch, sequence), onnx, pretrained"
+    assert export_table.export_cell("hf", "OPT", path) == export_table.NOT_MEASURED
+
+
+def test_a_timm_row_exports_each_format_and_a_failing_one_is_refused_with_its_reason(monkeypatch):
+    kwargs = dict(img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2, num_classes=5)
+    source = export_support.timm_source("vit_tiny_patch16_224", kwargs)
+    assert export_support.formats_of(source) == {"formats": ["pt2 (dynamic batch)", "onnx", "state_dict"],
+                                                 "refused": {}}
+    # a state dict that does not load into the model rebuilt (another head): that format refused, in one line
+    other = export_support.timm_source("vit_tiny_patch16_224", {**kwargs, "num_classes": 3})
+    monkeypatch.setattr(source, "rebuild", lambda: other.model)
+    found = export_support.formats_of(source)
+    assert found["formats"] == ["pt2 (dynamic batch)", "onnx"]
+    assert found["refused"]["state_dict"].startswith("RuntimeError: Error(s) in loading state_dict for VisionTransformer")
+
+
+def test_the_tables_read_the_exports_column_from_the_shipped_file():
+    shipped = export_table.export_support()
+    row = hf_support.measure(hf_support.family("bert"))
+    assert row.exports == export_table.export_cell("hf", "BERT") != export_table.NOT_MEASURED
+    assert row.exports == ", ".join(shipped["hf"]["BERT"]["formats"])
+    assert row.markdown().endswith(f"| {row.exports} |") and row.markdown().count("|") == 8
+    assert hf_support.table([row]).splitlines()[0].endswith("| exports |")
+    timm_row = timm_support.measure("vision_transformer", "test_vit")
+    assert timm_row.exports == export_table.export_cell("timm", "test_vit") != export_table.NOT_MEASURED
+    assert timm_support.table([timm_row]).splitlines()[0].endswith("| exports |")
+    refused = timm_support.measure("resnest", "resnest14d")
+    assert refused.verdict == "refused" and refused.exports == ""  # nothing switched: nothing exported
