@@ -79,13 +79,14 @@ def test_an_encoder_decoder_is_refused_in_one_line():
 
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory) -> Path:
-    """``last.ckpt`` of the tiny Llama quickstart (poly3) trained two steps through the CLI, its config beside it."""
+    """``last.ckpt`` of the tiny Llama quickstart (poly3) trained two steps through the CLI, its config beside it (the
+    data's root absolute: the export reads the run's config from the test's own working directory)."""
     folder = tmp_path_factory.mktemp("run")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         cli.main(["fit", "--config", str(ROOT / "configs" / "hf" / "tiny_llama_poly3.yaml"),
                   "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-                  "--trainer.enable_progress_bar", "false", "--data.root", "stories", "--data.train_size", "64",
+                  "--trainer.enable_progress_bar", "false", "--data.root", str(folder / "stories"), "--data.train_size", "64",
                   "--data.val_size", "16", "--data.test_size", "16", "--data.batch_size", "8",
                   "--model.init_args.test_after_fit", "false"])
     (path,) = folder.rglob("last.ckpt")
