@@ -1,5 +1,5 @@
 """``polyattn export`` of Hugging Face models: a tiny model of each exported family (BERT and DistilBERT encoders,
-ViT, the Llama causal LM) at poly3 to .pt2 and ONNX with a dynamic batch and sequence, run at other shapes against
+ViT, BEiT, the Llama causal LM) at poly3 to .pt2 and ONNX with a dynamic batch and sequence, run at other shapes against
 PyTorch (onnxruntime for ONNX); the tiny Llama quickstart's run checkpoint through the CLI to .pt2, ONNX and its
 save_pretrained folder, each checked on the run's data, and the saved folder exported in turn; the refusals (an
 encoder-decoder, a format for the other kind of model), exit 2, nothing left."""
@@ -30,6 +30,9 @@ FAMILIES = {
     "vit": ("ViTModel", dict(model_type="vit", image_size=16, patch_size=4, hidden_size=32, intermediate_size=64,
                              num_hidden_layers=2, num_attention_heads=4)),
     "llama": ("LlamaForCausalLM", dict(TEXT, model_type="llama", num_key_value_heads=2)),
+    # its relative-position bias is added to the mask HF builds, which HF materialises while exporting
+    "beit": ("BeitModel", dict(model_type="beit", image_size=16, patch_size=4, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, use_relative_position_bias=True)),
 }
 CHECK = re.compile(r"(\w+) export checked on (\d+) rows of (.+?): max abs error (\S+) \(within the tolerance 0.0001\)")
 

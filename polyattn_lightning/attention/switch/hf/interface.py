@@ -46,7 +46,7 @@ from ...masks import causal_mask
 from ...registry import ActivationSpec, get_activation
 from ..base import AttentionInputs
 from .extras import softcapped_attention, with_position_bias, with_sinks
-from .masks import interface_masks
+from .masks import adds_bias_to_mask, interface_masks
 
 #: The config attribute that stores a switched model's activation (``saved/`` writes it; here it is read).
 CONFIG_KEY = "polyattn_attention"
@@ -175,8 +175,11 @@ def register() -> None:
 
 def implementation_for(model: nn.Module) -> str:
     """The name a model is switched to: :data:`IMPLEMENTATION` (boolean masks) where it supports SDPA, else
-    :data:`EAGER_MASKS_IMPLEMENTATION` (the float masks its eager code was written for)."""
-    return IMPLEMENTATION if getattr(type(model), "_supports_sdpa", True) else EAGER_MASKS_IMPLEMENTATION
+    :data:`EAGER_MASKS_IMPLEMENTATION` (the float masks its eager code was written for), as for a model that adds
+    a score bias to its mask (``masks.BIAS_ADDED_TO_MASK``)."""
+    if getattr(type(model), "_supports_sdpa", True) and not adds_bias_to_mask(model):
+        return IMPLEMENTATION
+    return EAGER_MASKS_IMPLEMENTATION
 
 
 def __getattr__(name: str):

@@ -86,6 +86,11 @@ MASK_BIASES: dict[str, Callable[[nn.Module, Tensor], tuple[Tensor, Tensor]]] = {
     "transformers.models.swin.modeling_swin.SwinAttention": _swin,
     "transformers.models.falcon.modeling_falcon.FalconAttention": _bias_and_sentinels,
 }
+#: The classes of :data:`MASK_BIASES` whose model adds the bias to the mask it built (BEiT's
+#: ``relative_position_bias + attention_mask``): they attend with HF's float masks (0 keeps), since a boolean mask,
+#: which HF builds where it cannot skip the mask (padding, or while ``torch.export`` traces), adds 1 to every kept
+#: score: nothing to softmax, a different model to every other activation.
+BIAS_ADDED_TO_MASK = frozenset({"transformers.models.beit.modeling_beit.BeitAttention"})
 #: The classes of :data:`MASK_BIASES` whose bias is HF's absolute ALiBi (module docstring): a non-softmax activation
 #: gets its relative form. Falcon's float mask carries a bias only in ALiBi configs (rotary ones pass bool masks).
 ABSOLUTE_ALIBI = frozenset({"transformers.models.falcon.modeling_falcon.FalconAttention"})
@@ -99,6 +104,11 @@ def _qualified_names(module: nn.Module):
 def mask_bias_of(module: nn.Module) -> Callable[[nn.Module, Tensor], tuple[Tensor, Tensor]] | None:
     """The split of ``module``'s float mask, for a class on :data:`MASK_BIASES` or a subclass (a switched one)."""
     return next((MASK_BIASES[name] for name in _qualified_names(module) if name in MASK_BIASES), None)
+
+
+def adds_bias_to_mask(model: nn.Module) -> bool:
+    """Whether a module of ``model`` is of a class of :data:`BIAS_ADDED_TO_MASK` (or a subclass)."""
+    return any(not BIAS_ADDED_TO_MASK.isdisjoint(_qualified_names(module)) for module in model.modules())
 
 
 def interface_masks(module: nn.Module, mask: Tensor, softmax: bool = False) -> tuple[bool, dict[str, Tensor]]:
@@ -119,4 +129,13 @@ def interface_masks(module: nn.Module, mask: Tensor, softmax: bool = False) -> t
     return causal, {**masks, "attn_bias": bias}
 
 
-__all__ = ["ABSOLUTE_ALIBI", "MASK_BIASES", "interface_masks", "mask_bias_of", "relative_alibi", "split_mask"]
+__all__ = [
+    "ABSOLUTE_ALIBI",
+    "BIAS_ADDED_TO_MASK",
+    "MASK_BIASES",
+    "adds_bias_to_mask",
+    "interface_masks",
+    "mask_bias_of",
+    "relative_alibi",
+    "split_mask",
+]
