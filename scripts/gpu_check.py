@@ -54,6 +54,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -92,6 +93,7 @@ def environment() -> dict:
         "triton": _version("triton"),
         "timm": _version("timm"),
         "pytest": _version("pytest"),
+        "xdist": _version("pytest-xdist"),
         "cuda_available": torch.cuda.is_available(),
         "cpu_count": os.cpu_count(),
     }
@@ -124,15 +126,19 @@ def _run(command: list[str], limit: int, log: Path | None = None) -> dict:
             "command": " ".join(command), "output_tail": output[-1500:]}
 
 
-def part_tests(env: dict, out: Path) -> dict:
+def part_tests(env: dict, out: Path, workers: int = 0) -> dict:
     missing = [name for name in ("pytest", "triton") if env[name] is None]
     if missing:
         return {"status": "skipped", "reason": f"{' and '.join(missing)} not installed"}
-    result = _run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfEs",
+    if workers and env.get("xdist") is None:
+        return {"status": "skipped", "reason": "--workers needs pytest-xdist, which is not installed"}
+    spread = ["-n", str(workers)] if workers else []  # the cold Triton compiles spread over the CPU cores
+    result = _run([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfEs", *spread,
                    "tests/attention/kernels/test_triton_cuda.py"], LIMITS["tests"], out / "tests.log")
-    summary = [line for line in result["output_tail"].splitlines() if " passed" in line or " failed" in line]
+    summary = [line for line in result["output_tail"].splitlines()
+               if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
     result["pytest"] = summary[-1] if summary else None
-    if result["status"] == "passed" and "skipped" in (result["pytest"] or ""):
+    if result["status"] == "passed" and "skipped" in (result["pytest"] or "skipped"):
         result["status"] = "failed"  # a CUDA test that skips on a GPU hides something
     return result
 
@@ -435,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("outdir", type=Path, help="folder for gpu_check.json, summary.txt and the parts' files")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="pytest-xdist workers for the tests part (default 0: one process)")
+    parser.add_argument("--limits", default="",
+                        help="seconds per part, e.g. tests=240,bench=120 (default: LIMITS, sized for a cold GPU)")
     parser.add_argument("--vit-step", action="store_true", help=argparse.SUPPRESS)  # the vit part's subprocess
     parser.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)  # the timing part's subprocess
     parser.add_argument("--decoder-step", action="store_true", help=argparse.SUPPRESS)  # the decoder part's
@@ -469,6 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     if not set(parts) <= set(PARTS):
         print(f"unknown parts {sorted(set(parts) - set(PARTS))}; expected some of {PARTS}", file=sys.stderr)
         return 3
+    try:
+        limits = {name: int(seconds) for name, seconds in (item.split("=") for item in args.limits.split(",") if item)}
+    except ValueError:
+        limits = {"": 0}
+    if not set(limits) <= set(PARTS) or min(limits.values(), default=1) <= 0:
+        print(f"--limits {args.limits!r}: expected PART=SECONDS,... with PART one of {PARTS} and SECONDS > 0",
+              file=sys.stderr)
+        return 3
+    LIMITS.update(limits)
     args.outdir.mkdir(parents=True, exist_ok=True)
     env = environment()
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": env, "parts": {}}
@@ -484,9 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         runners = {"tests": part_tests, "bench": part_bench, "vit": part_vit, "timing": part_timing,
                    "decoder": part_decoder}
         for name in parts:
-            print(f"[gpu_check] {name} ...", flush=True)
-            report["parts"][name] = runners[name](env, args.outdir)
+            print(f"[gpu_check] {name} (at most {LIMITS[name]} s) ...", flush=True)
+            options = {"workers": args.workers} if name == "tests" else {}
+            report["parts"][name] = runners[name](env, args.outdir, **options)
             print(f"[gpu_check] {name}: {report['parts'][name]['status']}", flush=True)
+            # written after every part: a run stopped from outside keeps the parts that finished
+            (args.outdir / "gpu_check.json").write_text(json.dumps(report, indent=1))
         bad = [name for name, part in report["parts"].items() if part["status"] in ("failed", "timeout")]
         report["verdict"] = f"FAILED: {', '.join(bad)}" if bad else "PASSED (skipped parts listed below)"
         code = 1 if bad else 0

@@ -27,6 +27,10 @@ def test_bad_usage_exits_3(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--parts", "vit,nope"],
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 3 and "nope" in result.stderr
+    for limits in ("tests=soon", "tests=0", "vits=60"):
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--limits", limits],
+                                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 3 and "--limits" in result.stderr and limits in result.stderr, limits
 
 
 def test_dry_run_times_every_case_on_cpu(tmp_path):
