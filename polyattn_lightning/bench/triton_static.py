@@ -39,9 +39,10 @@ SPILL_LIMIT_EXTRAS = 1024
 
 def matrix() -> list[tuple[dict, int]]:
     """``(case fields, arch)`` pairs: poly3 at every dtype x head dim x {plain, mask+bias+dropout} x arch, then
-    deltas once each: the other forms, N = 197 (unaligned), Swin's N = 49 (the short-window tile), fp32 at
-    'medium' precision (tf32; the main fp32 rows are 'high', tf32x3), and causal with mask + bias + dropout
-    (bf16, d 64 and 128, both architectures)."""
+    deltas once each: the other forms, N = 197 (unaligned), Swin's N = 49 (the short-window tile; also at each
+    dtype's widest short tile and past it, on A100's smaller shared memory), fp32 at 'medium' precision (tf32; the
+    main fp32 rows are 'high', tf32x3), and causal with mask + bias + dropout (bf16, d 64 and 128, both
+    architectures)."""
     cases = [
         (dict(dtype=dtype, d=d, extras=extras), arch)
         for arch in ARCHS
@@ -54,6 +55,10 @@ def matrix() -> list[tuple[dict, int]]:
         (dict(n=197, extras=True), 80),
         (dict(n=49, d=32, extras=True), 80),
         (dict(dtype="float32", precision="medium"), 90),
+    ]
+    cases += [  # short windows at each dtype's widest short tile, and past it (the tuned tile of the bucket)
+        (dict(n=49, dtype=dtype, d=d, extras=True), 80)
+        for dtype, d in (("bfloat16", 128), ("float16", 256), ("float32", 32), ("float32", 64))
     ]
     cases += [
         (dict(dtype=dtype, d=d, extras=True, causal=True), arch)

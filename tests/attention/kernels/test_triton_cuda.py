@@ -126,21 +126,21 @@ def test_more_than_65535_batch_heads():
 
 def test_auto_picks_triton_without_warnings_for_every_configuration():
     """``attention()`` self-checks each configuration once and would fall back with a warning: none may fail here
-    (fp32 at 'high': tf32x3; at the default 'highest' auto runs the blocked kernel on cuBLAS)."""
-    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float32)
-    assert auto_kernel(q, get_activation("poly3")) == "blocked"
+    (fp32 at the default 'highest': IEEE products, and at 'high': tf32x3; short windows of 8 tokens, whose tile
+    depends on dtype and head dim)."""
     previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                for d in (16, 64, 128, 256):
-                    for mask, bias, dropout in ((None, None, 0.0), (torch.ones(1, 1, 1, 8, dtype=torch.bool, device="cuda"),
-                                                                      torch.zeros(1, 1, 8, 8, device="cuda"), 0.1)):
-                        q = torch.zeros(1, 1, 8, d, device="cuda", dtype=dtype)
+            for dtype, precision in ((torch.float32, "highest"), (torch.float32, "high"), (torch.float16, "high"),
+                                     (torch.bfloat16, "high")):
+                torch.set_float32_matmul_precision(precision)
+                for d, n in ((d, n) for d in (16, 64, 128, 256) for n in (8, 300)):
+                    for mask, bias, dropout in ((None, None, 0.0), (torch.ones(1, 1, 1, n, dtype=torch.bool, device="cuda"),
+                                                                      torch.zeros(1, 1, n, n, device="cuda"), 0.1)):
+                        q = torch.zeros(1, 1, n, d, device="cuda", dtype=dtype)
                         picked = auto_kernel(q, get_activation("poly3"), attn_mask=mask, attn_bias=bias, dropout_p=dropout)
-                        assert picked == "triton", (dtype, d, mask is not None)
+                        assert picked == "triton", (dtype, precision, d, n, mask is not None)
     finally:
         torch.set_float32_matmul_precision(previous)
 

@@ -56,3 +56,22 @@ def test_dry_run_times_every_case_on_cpu(tmp_path):
     assert all(len(losses) == 3 for losses in decoder["losses"].values())  # warm-up + 2 timed steps each
     assert decoder["losses"]["softmax"][0] != decoder["losses"]["poly3"][0]  # the switch took effect
     assert "poly3" in result.stdout and "x softmax (target <= 1.11" in result.stdout
+
+
+def test_pins_the_machine_does_not_meet_are_named(monkeypatch):
+    """A GPU machine brings its own packages: the check names those the project does not admit (an H200 image's
+    timm 1.0.29 lacked a module the switch imports) and ignores torch and triton, which are the machine's."""
+    script = ROOT / "scripts" / "gpu_check.py"
+    sys.path.insert(0, str(script.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(script.parent))
+    assert gpu_check.unmet_pins() == []  # this environment was installed as the project pins
+    versions = {"timm": "1.0.29", "jsonargparse": None, "torch": "2.11.0"}
+    real = gpu_check._version
+    monkeypatch.setattr(gpu_check, "_version", lambda name: versions[name] if name in versions else real(name))
+    unmet = gpu_check.unmet_pins()
+    assert len(unmet) == 2, unmet
+    assert any(line.startswith("jsonargparse missing (the project admits") for line in unmet)
+    assert any(line.startswith("timm 1.0.29 (the project admits ==1.0.31)") for line in unmet)

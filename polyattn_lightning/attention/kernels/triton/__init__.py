@@ -53,8 +53,8 @@ fp16's range (65504) cannot hold ``phi(S)`` (``S^3`` overflows at ``|S| > 40``),
 so fp16 inputs keep those products on fp32 operands, in TF32 (fp32's range,
 fp16's 10-bit mantissa). fp32 inputs follow
 ``torch.get_float32_matmul_precision()``: ``'highest'`` (PyTorch's default) is
-IEEE fp32, which Triton runs without tensor cores, so ``attention()``'s
-``auto`` then picks the blocked kernel (cuBLAS); ``'high'`` is ``tf32x3``
+IEEE fp32, which Triton runs without tensor cores (still far ahead of the blocked
+kernel's tile loop on a GPU: docs/benchmarks/gpu-h200.md); ``'high'`` is ``tf32x3``
 (three TF32 products, about fp32 accuracy) and ``'medium'`` is ``tf32``.
 
 Launches: a 1-D grid whose program id runs over a head's query (or key)

@@ -1,5 +1,5 @@
 """The ``triton`` backend: what the fused CUDA kernel takes (the package's docstring says how it computes) and why
-not the rest; the fp32 precision and the self-check under which ``auto`` leaves it to another."""
+not the rest; the self-check under which ``auto`` leaves it to another."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..base.contract import KV_STEP, Backend, KernelInputs, elementwise_reasons, stateless_reasons
 from ..base.costs import quadratic_cost
-from .launch import fp32_precision, interpreting
+from .launch import interpreting
 
 #: Operand dtypes the kernels take; head dims up to ``MAX_HEAD_DIM``.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -56,11 +56,6 @@ class Triton(Backend):
             return [
                 "a KV-cache step: the few rows go in one call of the 'materialized' step form (this kernel's tiles "
                 "and launches are sized for long sequences)"
-            ]
-        if q.dtype == torch.float32 and q.is_cuda and fp32_precision() == "ieee":
-            return [
-                "fp32 at torch.get_float32_matmul_precision() == 'highest': Triton has no IEEE fp32 tensor "
-                "cores, the blocked kernel on cuBLAS is faster"
             ]
         from .selfcheck import triton_verified
 

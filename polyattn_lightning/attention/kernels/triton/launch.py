@@ -71,7 +71,7 @@ _TUNED = {
     ("backward_kv", torch.float32, 256): LaunchConfig(16, 16, 4, 1),
     ("backward_q", torch.bfloat16, 32): LaunchConfig(64, 64, 4, 2),
     ("backward_q", torch.bfloat16, 64): LaunchConfig(64, 64, 4, 2),
-    ("backward_q", torch.bfloat16, 128): LaunchConfig(64, 32, 8, 2),
+    ("backward_q", torch.bfloat16, 128): LaunchConfig(32, 64, 8, 2),
     ("backward_q", torch.bfloat16, 256): LaunchConfig(64, 32, 8, 2),
     ("backward_q", torch.float16, 32): LaunchConfig(64, 64, 4, 2),
     ("backward_q", torch.float16, 64): LaunchConfig(64, 64, 4, 2),
@@ -86,6 +86,10 @@ _TUNED = {
 #: instead of a 128 x 64 tile that is mostly padding.
 SHORT = 64
 _SHORT = {kernel: LaunchConfig(64, 32, 4, 2) for kernel in KERNELS}
+#: The widest head-dim bucket whose short tile meets the goals above, per dtype (compiled offline: fp32's spills
+#: from d = 64 and outgrows A100's shared memory from d = 128, fp16's from d = 256); wider short windows take
+#: the bucket's tuned tile.
+_SHORT_WIDEST = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 32}
 #: The table before the offline check (``POLYATTN_TRITON_TABLE=legacy``): ``(forward or backward,
 #: operands 16-bit, bucket 64/128/256)``; both backward kernels share the backward entry.
 _LEGACY = {
@@ -133,9 +137,9 @@ def launch_config(
     if (table or launch_table()) == "legacy":
         bucket = 64 if width <= 64 else 128 if width <= 128 else 256
         return _LEGACY[(kernel if kernel == "forward" else "backward", dtype != torch.float32, bucket)]
-    if max(nq, nk) <= SHORT:
-        return _SHORT[kernel]
     bucket = 32 if width <= 32 else 64 if width <= 64 else 128 if width <= 128 else 256
+    if max(nq, nk) <= SHORT and bucket <= _SHORT_WIDEST[dtype]:
+        return _SHORT[kernel]
     return _TUNED[(kernel, dtype, bucket)]
 
 
