@@ -2,25 +2,26 @@
 each row's tiny model: what their ``exports`` column reads (:data:`~.export_table.EXPORT_SUPPORT`).
 
 ``python -m polyattn_lightning.bench export-support --kind timm|hf [--write FILE] [names...]`` builds the model
-each support table measures (timm: the row's model, :mod:`.timm_support`, for the rows whose attention switches;
-Hugging Face: the family's tiny model, :mod:`.hf_support`), switches it to ``poly3`` and writes every format of
-its kind as ``polyattn export`` does (:func:`~polyattn_lightning.deploy.write_checked`): ``pt2``
+each support table measures, switched to ``poly3`` (timm: the row's model as :mod:`.timm_support` builds and
+switches it, for the rows whose attention switches; Hugging Face: the family's tiny model, :mod:`.hf_support`), and
+writes every format of its kind as ``polyattn export`` does (:func:`~polyattn_lightning.deploy.write_checked`): ``pt2``
 and ``onnx`` traced on two rows and checked on three (``pt2`` named with its dynamic dimensions); timm
 ``state_dict`` through ``timm.create_model`` + ``set_attention`` + ``load_state_dict``; Hugging Face ``pretrained``
 through the task's ``save_pretrained`` export (``tasks.export.write_export``) and
-``load_pretrained``. A format works when its max abs difference from PyTorch is within the fp32 tolerance.
+``load_pretrained``. A format works when its max abs difference from PyTorch is within the fp32 tolerance; one that
+fails is refused with the error's first line (the temporary folder it was written in left out of it).
 ``--write`` merges each row into the file as soon as it is measured (the rows not measured keep theirs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import timm
 import torch
 from torch import nn
 
@@ -42,7 +43,7 @@ def formats_of(source: Source) -> dict:
             try:
                 error, dynamic = write_checked(source, fmt, Path(folder) / f"model.{fmt}")
             except Exception as err:  # noqa: BLE001 - a format that fails is the row's cell, said in one line
-                refused[fmt] = first_line(err)[:200]
+                refused[fmt] = first_line(err).replace(folder + os.sep, "")[:200]  # no machine's path
                 continue
         if error <= TOLERANCE:
             works.append(fmt + (f" (dynamic {dynamic})" if fmt == "pt2" else ""))
@@ -53,21 +54,23 @@ def formats_of(source: Source) -> dict:
     return {"formats": works, "refused": refused}
 
 
-def timm_source(name: str, kwargs: dict) -> Source:
-    """The timm model of a table row switched to poly3 (non-strictly, as the table measures it), on random images
-    at its input size; its state dict rebuilt the same way."""
+def timm_source(family: str, name: str, kwargs: dict) -> Source | None:
+    """The timm model of a table row as the table measures it (:func:`.timm_support.measure_model`: built, switched
+    to poly3 non-strictly; one build for the row's verdict and its export), on random images at its input size; its
+    state dict loaded into the model built anew the same way. None where the row's attention does not switch: it has
+    nothing to export."""
 
-    def build() -> nn.Module:
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False, **kwargs).eval()
-        set_attention(model, "poly3", strict=False)
-        return model
+    def rebuild() -> nn.Module:
+        return timm_support.measure_model(family, name, kwargs)[1].eval()
 
-    model = build()
+    row, model = timm_support.measure_model(family, name, kwargs)
+    if row.verdict not in timm_support.EXPORTED_VERDICTS:
+        return None
+    model.eval()
     size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.pretrained_cfg["input_size"][1:]
     size = (size, size) if isinstance(size, int) else tuple(size)
     images = torch.randn(3, model.pretrained_cfg["input_size"][0], *size, generator=torch.Generator().manual_seed(0))
-    return Source("timm", name, model, ("images",), (images,), "random images", rebuild=build)
+    return Source("timm", name, model, ("images",), (images,), "random images", rebuild=rebuild)
 
 
 def hf_family_source(key: str) -> Source:
@@ -80,18 +83,20 @@ def hf_family_source(key: str) -> Source:
     return source
 
 
-def measure_row(kind: str, build: Callable[[], Source]) -> dict:
-    """The formats of the source ``build`` makes; a model that cannot be exported at all is its row's reason."""
+def measure_row(build: Callable[[], Source | None]) -> dict | None:
+    """The formats of the source ``build`` makes; a model that cannot be exported at all is its row's reason. None
+    where ``build`` makes none (a timm row whose attention does not switch)."""
     try:
         source = build()
     except Exception as err:  # noqa: BLE001 - a model that takes other inputs, or does not build, is a row
         return {"formats": [], "refused": {"all": first_line(err)[:200]}}
-    return formats_of(source)
+    return None if source is None else formats_of(source)
 
 
-def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Source]]:
+def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Source | None]]:
     """``row -> what builds its source``: the Hugging Face families (keys ``names``: only those), or the timm
-    support table's switched rows (modules ``names``: only those), keyed as the tables show them."""
+    support table's rows (modules ``names``: only those; the source None where the row's attention does not
+    switch), keyed as the tables show them."""
     if kind == "hf":
         return {
             fam.name: (lambda key=fam.key: hf_family_source(key))
@@ -103,10 +108,8 @@ def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Sourc
         candidates = [(timm_support.smallest(modules[family]), {})]
         candidates += [(name, kwargs) for module, name, kwargs in timm_support.VARIANTS if module == family]
         for name, kwargs in candidates:
-            row = timm_support.measure(family, name, kwargs)
-            if row.verdict in timm_support.EXPORTED_VERDICTS:
-                full = {**timm_support.SMALLER.get(name, {}), **kwargs}
-                rows[row.model] = lambda name=name, full=full: timm_source(name, full)
+            label = timm_support.model_label(name, kwargs)
+            rows[label] = lambda family=family, name=name, kwargs=kwargs: timm_source(family, name, kwargs)
     return rows
 
 
@@ -131,13 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     measured = {}
     with quiet_loggers("polyattn_lightning"), quiet_loggers("transformers"):
         todo = rows_to_measure(args.kind, args.names)
-        if not todo:
-            raise ConfigError(f"no {args.kind} row to measure among {args.names}")
         for i, (row, build) in enumerate(todo.items()):
             print(f"export-support: {row} ({i + 1}/{len(todo)})", flush=True)
-            measured[row] = measure_row(args.kind, build)
+            entry = measure_row(build)
+            if entry is None:
+                print(f"export-support: {row}: its attention does not switch, nothing to export", flush=True)
+                continue
+            measured[row] = entry
             if args.write:  # each row as it is measured: a long run stopped keeps what it measured
-                write(args.write, args.kind, {row: measured[row]})
+                write(args.write, args.kind, {row: entry})
+    if not measured:
+        raise ConfigError(f"no {args.kind} row to measure among {args.names}")
     print(json.dumps(measured, indent=1))
     return 0
 

@@ -111,19 +111,25 @@ def smallest(names: list[str]) -> str:
 
 def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
     """Build ``name`` (with ``kwargs``), switch it to poly3 non-strictly and say what happened."""
+    return measure_model(family, name, kwargs)[0]
+
+
+def measure_model(family: str, name: str, kwargs: dict | None = None) -> tuple[SupportRow, torch.nn.Module | None]:
+    """:func:`measure`'s row and the model it built and switched (None where timm could not build it or the switch
+    failed): ``bench export-support`` exports that model."""
+    label = model_label(name, kwargs)
     kwargs = {**SMALLER.get(name, {}), **(kwargs or {})}
-    label = name + "".join(f", {k}={v!r}" for k, v in kwargs.items())
     torch.manual_seed(0)
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as err:  # noqa: BLE001 - a model timm cannot build here is a row, not a crash
-        return SupportRow(family, label, "not built", "", f"timm.create_model failed: {type(err).__name__}")
+        return SupportRow(family, label, "not built", "", f"timm.create_model failed: {type(err).__name__}"), None
     try:
         switched, unswitched = switch_modules(model, "poly3", False, None)
     except AttentionRefused as refused:
         switched, unswitched = [], refused.unswitched
     except Exception as err:  # noqa: BLE001
-        return SupportRow(family, label, "error", "", f"{type(err).__name__}: {err}".replace("|", "/")[:200])
+        return SupportRow(family, label, "error", "", f"{type(err).__name__}: {err}".replace("|", "/")[:200]), None
     counts = Counter(class_name(timm_class(m)) for m in switched)
     kept = Counter((class_name(u.cls), u.reason, u.by_decision) for u in unswitched)
     if not switched and not unswitched:
@@ -134,7 +140,7 @@ def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
         verdict = "partly switched"
     else:
         verdict = "switched" + (", pooling head softmax" if kept else "")
-    return SupportRow(
+    row = SupportRow(
         family,
         label,
         verdict,
@@ -142,6 +148,14 @@ def measure(family: str, name: str, kwargs: dict | None = None) -> SupportRow:
         "<br>".join(f"`{c}` x{n}: {reason}" for (c, reason, _), n in sorted(kept.items())),
         export_cell("timm", label) if verdict in EXPORTED_VERDICTS else "",
     )
+    return row, model
+
+
+def model_label(name: str, kwargs: dict | None = None) -> str:
+    """A row's ``model measured`` cell: ``name`` with the kwargs it is built with (:data:`SMALLER`'s, then
+    ``kwargs``)."""
+    kwargs = {**SMALLER.get(name, {}), **(kwargs or {})}
+    return name + "".join(f", {k}={v!r}" for k, v in kwargs.items())
 
 
 def timm_class(module: torch.nn.Module) -> type:

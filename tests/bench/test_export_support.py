@@ -3,10 +3,13 @@ to a JSON file the tables read; a row the file does not hold says so; an encoder
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
+import timm
 
 from polyattn_lightning.bench import export_support, export_table, hf_support, timm_support
+from polyattn_lightning.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -28,12 +31,17 @@ def test_a_family_is_measured_by_exporting_it_and_an_encoder_decoder_is_refused(
 
 
 def test_a_timm_row_exports_each_format_and_a_failing_one_is_refused_with_its_reason(monkeypatch):
+    builds = []
+    create_model = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda name, **kw: builds.append(name) or create_model(name, **kw))
     kwargs = dict(img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2, num_classes=5)
-    source = export_support.timm_source("vit_tiny_patch16_224", kwargs)
+    source = export_support.timm_source("vision_transformer", "vit_tiny_patch16_224", kwargs)
+    assert builds == ["vit_tiny_patch16_224"]  # one build: the row's switching measured and the model exported
     assert export_support.formats_of(source) == {"formats": ["pt2 (dynamic batch)", "onnx", "state_dict"],
                                                  "refused": {}}
+    assert len(builds) == 2  # the state dict loaded into the model built anew, as a user would
     # a state dict that does not load into the model rebuilt (another head): that format refused, in one line
-    other = export_support.timm_source("vit_tiny_patch16_224", {**kwargs, "num_classes": 3})
+    other = export_support.timm_source("vision_transformer", "vit_tiny_patch16_224", {**kwargs, "num_classes": 3})
     monkeypatch.setattr(source, "rebuild", lambda: other.model)
     found = export_support.formats_of(source)
     assert found["formats"] == ["pt2 (dynamic batch)", "onnx"]
@@ -52,3 +60,25 @@ def test_the_tables_read_the_exports_column_from_the_shipped_file():
     assert timm_support.table([timm_row]).splitlines()[0].endswith("| exports |")
     refused = timm_support.measure("resnest", "resnest14d")
     assert refused.verdict == "refused" and refused.exports == ""  # nothing switched: nothing exported
+
+
+def test_a_timm_row_whose_attention_does_not_switch_has_nothing_to_export(capsys):
+    todo = export_support.rows_to_measure("timm", ["resnest"])
+    assert list(todo) == ["resnest14d"]
+    assert export_support.measure_row(todo["resnest14d"]) is None
+    with pytest.raises(ConfigError, match=r"no timm row to measure among \['resnest'\]"):
+        export_support.main(["--kind", "timm", "resnest"])
+    assert "export-support: resnest14d: its attention does not switch, nothing to export" in capsys.readouterr().out
+
+
+def test_a_refusal_names_the_file_written_without_its_temporary_folder():
+    # Gemma 4's ViT (tiny) exports to ONNX a graph onnxruntime does not load; the error names the file it loaded
+    kwargs = dict(img_size=64, depth=1, embed_dim=64, num_heads=2, head_dim=32, intermediate_size=128, num_classes=5,
+                  pretrained_cfg_overlay=dict(input_size=(3, 64, 64)))
+    found = export_support.formats_of(export_support.timm_source("gemma4_vit", "gemma4_vit_167m", kwargs))
+    assert found["formats"] == ["pt2 (dynamic batch)", "state_dict"]
+    refused = found["refused"]["onnx"]
+    assert refused.startswith("InvalidArgument: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Load model from model.onnx "
+                              "failed:Invalid model.")
+    assert tempfile.gettempdir() not in refused
+    assert export_table.export_support()["timm"]["gemma4_vit_167m, depth=2"]["refused"]["onnx"] == refused  # shipped
