@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ..errors import reported
+
 BENCHMARKS = {
     "attention": "attention",
     "convert": "convert",
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     benchmark = importlib.import_module(
         f".{BENCHMARKS[argv[0]]}", __package__
     )  # imported on use: detection needs mmdet
-    return benchmark.main(argv[1:])
+    return reported(benchmark.main)(argv[1:])  # bad input: one line and exit 2, as from the CLI
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from torch import nn
 from ..attention.switch import set_attention
 from ..deploy import KIND_FORMATS, TOLERANCE, Source, hf_source, write_checked
 from ..deploy.formats import first_line
-from ..errors import ArgumentParser, ConfigError
+from ..errors import ArgumentParser, ConfigError, closest_option
 from ..tasks.export import write_export
 from . import hf_support, quiet_loggers, timm_support
 from .export_table import EXPORT_SUPPORT
@@ -97,6 +97,16 @@ def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Sourc
     """``row -> what builds its source``: the Hugging Face families (keys ``names``: only those), or the timm
     support table's rows (modules ``names``: only those; the source None where the row's attention does not
     switch), keyed as the tables show them."""
+    known = [fam.key for fam in hf_support.FAMILIES] if kind == "hf" else sorted(timm_support.model_modules())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        hints = [
+            f"{name!r} (did you mean {near!r}?)" if (near := closest_option(name, known)) else repr(name)
+            for name in unknown
+        ]
+        what = "Hugging Face family keys" if kind == "hf" else "timm model modules"
+        listed = ", ".join(known) if len(known) <= 12 else f"{', '.join(known[:12])}, ... ({len(known)} in all)"
+        raise ConfigError(f"unknown {what}: {', '.join(hints)}; expected some of {listed}")
     if kind == "hf":
         return {
             fam.name: (lambda key=fam.key: hf_family_source(key))

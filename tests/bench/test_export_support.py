@@ -82,3 +82,23 @@ def test_a_refusal_names_the_file_written_without_its_temporary_folder():
                               "failed:Invalid model.")
     assert tempfile.gettempdir() not in refused
     assert export_table.export_support()["timm"]["gemma4_vit_167m, depth=2"]["refused"]["onnx"] == refused  # shipped
+
+
+@pytest.mark.parametrize(
+    "kind, name, hint",
+    [("hf", "bertt", "unknown Hugging Face family keys: 'bertt' (did you mean 'bert'?)"),
+     ("timm", "vision_transformerr", "unknown timm model modules: 'vision_transformerr' (did you mean 'vision_transformer'?)")],
+)
+def test_an_unknown_name_exits_2_in_one_line_and_measures_nothing(tmp_path, kind, name, hint):
+    """Through the benchmarks' entry point, as a user runs it: a misspelt name among good ones is never dropped
+    silently; the file to write is not created."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "support.json"
+    good = "bert" if kind == "hf" else "vision_transformer"
+    result = subprocess.run([sys.executable, "-m", "polyattn_lightning.bench", "export-support", "--kind", kind,
+                             "--write", str(out), good, name], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {hint}") and "Traceback" not in result.stderr
+    assert not out.exists() and "export-support:" not in result.stdout
