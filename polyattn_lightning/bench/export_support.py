@@ -54,18 +54,21 @@ def formats_of(source: Source) -> dict:
     return {"formats": works, "refused": refused}
 
 
-def timm_source(family: str, name: str, kwargs: dict) -> Source | None:
+def timm_source(family: str, name: str, kwargs: dict) -> Source | str:
     """The timm model of a table row as the table measures it (:func:`.timm_support.measure_model`: built, switched
     to poly3 non-strictly; one build for the row's verdict and its export), on random images at its input size; its
-    state dict loaded into the model built anew the same way. None where the row's attention does not switch: it has
-    nothing to export."""
+    state dict loaded into the model built anew the same way. Where the row's attention is not switched (not built,
+    refused, no attention...), its verdict and why: it has nothing to export."""
 
     def rebuild() -> nn.Module:
-        return timm_support.measure_model(family, name, kwargs)[1].eval()
+        again, model = timm_support.measure_model(family, name, kwargs)
+        if model is None:
+            raise RuntimeError(f"building {name} again failed: {again.verdict}: {again.softmax}")
+        return model.eval()
 
     row, model = timm_support.measure_model(family, name, kwargs)
     if row.verdict not in timm_support.EXPORTED_VERDICTS:
-        return None
+        return row.verdict + (f" ({row.softmax})" if row.softmax else "")
     model.eval()
     size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.pretrained_cfg["input_size"][1:]
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -83,20 +86,20 @@ def hf_family_source(key: str) -> Source:
     return source
 
 
-def measure_row(build: Callable[[], Source | None]) -> dict | None:
-    """The formats of the source ``build`` makes; a model that cannot be exported at all is its row's reason. None
-    where ``build`` makes none (a timm row whose attention does not switch)."""
+def measure_row(build: Callable[[], Source | str]) -> dict | str:
+    """The formats of the source ``build`` makes; a model that cannot be exported at all is its row's reason. Where
+    ``build`` makes none (a timm row whose attention is not switched), why not."""
     try:
         source = build()
     except Exception as err:  # noqa: BLE001 - a model that takes other inputs, or does not build, is a row
         return {"formats": [], "refused": {"all": first_line(err)[:200]}}
-    return None if source is None else formats_of(source)
+    return source if isinstance(source, str) else formats_of(source)
 
 
-def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Source | None]]:
+def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Source | str]]:
     """``row -> what builds its source``: the Hugging Face families (keys ``names``: only those), or the timm
-    support table's rows (modules ``names``: only those; the source None where the row's attention does not
-    switch), keyed as the tables show them."""
+    support table's rows (modules ``names``: only those; instead of a source, why not where the row's attention is
+    not switched), keyed as the tables show them."""
     known = [fam.key for fam in hf_support.FAMILIES] if kind == "hf" else sorted(timm_support.model_modules())
     unknown = [name for name in names if name not in known]
     if unknown:
@@ -147,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (row, build) in enumerate(todo.items()):
             print(f"export-support: {row} ({i + 1}/{len(todo)})", flush=True)
             entry = measure_row(build)
-            if entry is None:
-                print(f"export-support: {row}: its attention does not switch, nothing to export", flush=True)
+            if isinstance(entry, str):
+                print(f"export-support: {row}: {entry}: nothing to export", flush=True)
                 continue
             measured[row] = entry
             if args.write:  # each row as it is measured: a long run stopped keeps what it measured

@@ -27,6 +27,9 @@ def test_bad_usage_exits_3(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--parts", "vit,nope"],
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 3 and "nope" in result.stderr
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--workers", "-1"],
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3 and "--workers -1: expected 0" in result.stderr
     for limits in ("tests=soon", "tests=0", "vits=60"):
         result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--limits", limits],
                                 env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from attention_reference import philox_keep
 
-from polyattn_lightning.attention.kernels.triton.selfcheck import _int_spec, dropout_keep
+from polyattn_lightning.attention.kernels.triton import launch
+from polyattn_lightning.attention.kernels.triton.selfcheck import _int_spec, check_lengths, dropout_keep
 
 ROOT = Path(__file__).parents[3]
 
@@ -22,6 +23,23 @@ def test_pytorch_philox_keep_mask_matches_the_documented_scheme(seed):
     for bh in range(3):
         assert torch.equal(keep[bh], philox_keep(seed, bh, 9, 23, 0.3)), bh
     assert abs(dropout_keep(seed, 2, 64, 64, 0.1).float().mean().item() - 0.9) < 0.03
+
+
+@pytest.mark.parametrize("nq, nk", [(39, 56), (32, 35), (56, 39), (64, 1), (1, 49), (197, 150), (100, 117), (300, 300)])
+def test_the_self_check_runs_the_tiles_of_the_call_it_vouches_for(nq, nk):
+    """The self-check's problem has the call's length and causal-offset specialisations and, whatever the dtype and
+    head dim, the same tiles: a short causal window is checked on a short window (it was checked on 97 keys, off
+    the short tile, when its offset's specialisation differed from the default lengths')."""
+    short = max(nq, nk) <= launch.SHORT
+    for causal in (False, True):
+        cq, ck = check_lengths(_int_spec(nq), _int_spec(nk), _int_spec(nk - nq), short, causal)
+        assert (_int_spec(cq), _int_spec(ck)) == (_int_spec(nq), _int_spec(nk))
+        assert not causal or _int_spec(ck - cq) == _int_spec(nk - nq)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for d in (32, 64, 128, 256):
+                for kernel in launch.KERNELS:
+                    call = launch.launch_config(kernel, dtype, d, d, nq, nk, table="tuned")
+                    assert launch.launch_config(kernel, dtype, d, d, cq, ck, table="tuned") == call
 
 
 def test_launch_key_specialisation_matches_triton():

@@ -43,7 +43,8 @@ class LaunchConfig(NamedTuple):
 KERNELS = ("forward", "backward_kv", "backward_q")
 #: ``(kernel, dtype, head-dim bucket) -> LaunchConfig``, the bucket being ``max(d, dv)`` rounded up to
 #: 32, 64, 128 or 256. Sized offline (``bench triton-static``): shared memory within A100's 166,912 B
-#: and Hopper's 232,448 B, every product on tensor cores, no spills (<= 1 KB with mask + bias + dropout).
+#: and Hopper's 232,448 B, every product on tensor cores, no spills (<= 1 KB with mask + bias + dropout); fp32 at
+#: 'highest' precision (IEEE products, on FMA) is held to the shared memory alone.
 _TUNED = {
     ("forward", torch.bfloat16, 32): LaunchConfig(128, 64, 4, 3),
     ("forward", torch.bfloat16, 64): LaunchConfig(128, 64, 8, 3),
@@ -86,10 +87,10 @@ _TUNED = {
 #: instead of a 128 x 64 tile that is mostly padding.
 SHORT = 64
 _SHORT = {kernel: LaunchConfig(64, 32, 4, 2) for kernel in KERNELS}
-#: The widest head-dim bucket whose short tile meets the goals above, per dtype (compiled offline: fp32's spills
-#: from d = 64 and outgrows A100's shared memory from d = 128, fp16's from d = 256); wider short windows take
-#: the bucket's tuned tile.
-_SHORT_WIDEST = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 32}
+#: The widest head-dim bucket whose short tile fits A100's shared memory without spilling past the goals above, per
+#: dtype (compiled offline: fp16's spills over 1 KB with mask + bias + dropout from d = 128 and outgrows A100 at
+#: d = 256, fp32's spills from d = 64 and outgrows A100 from d = 128); wider short windows take the bucket's tile.
+_SHORT_WIDEST = {torch.bfloat16: 128, torch.float16: 64, torch.float32: 32}
 #: The table before the offline check (``POLYATTN_TRITON_TABLE=legacy``): ``(forward or backward,
 #: operands 16-bit, bucket 64/128/256)``; both backward kernels share the backward entry.
 _LEGACY = {
