@@ -112,6 +112,30 @@ def unmet_pins() -> list[str]:
     return unmet
 
 
+def _limits(text: str) -> dict[str, int]:
+    """``--limits``: ``PART=SECONDS,...``, each part one of :data:`PARTS` and each limit above 0."""
+    try:
+        limits = {name: int(seconds) for name, seconds in (item.split("=") for item in text.split(",") if item)}
+    except ValueError:
+        limits = None
+    if limits is None or not set(limits) <= set(PARTS) or min(limits.values(), default=1) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--limits {text!r}: expected PART=SECONDS,... with PART one of {PARTS} and SECONDS > 0"
+        )
+    return limits
+
+
+def _workers(text: str) -> int:
+    """``--workers``: 0 (one process), or more with pytest-xdist installed."""
+    xdist = _version("pytest-xdist")
+    if not text.isdigit() or (int(text) and xdist is None):
+        raise argparse.ArgumentTypeError(
+            f"--workers {text}: expected 0 (one process) or more workers with pytest-xdist installed "
+            f"(pytest-xdist: {xdist or 'missing'})"
+        )
+    return int(text)
+
+
 def environment() -> dict:
     import torch
 
@@ -473,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("outdir", type=Path, help="folder for gpu_check.json, summary.txt and the parts' files")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
-    parser.add_argument("--workers", type=int, default=0,
+    parser.add_argument("--workers", type=_workers, default=0,
                         help="pytest-xdist workers for the tests part (default 0: one process)")
-    parser.add_argument("--limits", default="",
+    parser.add_argument("--limits", type=_limits, default={},
                         help="seconds per part, e.g. tests=240,bench=120 (default: LIMITS, sized for a cold GPU)")
     parser.add_argument("--vit-step", action="store_true", help=argparse.SUPPRESS)  # the vit part's subprocess
     parser.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)  # the timing part's subprocess
@@ -511,19 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(parts) <= set(PARTS):
         print(f"unknown parts {sorted(set(parts) - set(PARTS))}; expected some of {PARTS}", file=sys.stderr)
         return 3
-    try:
-        limits = {name: int(seconds) for name, seconds in (item.split("=") for item in args.limits.split(",") if item)}
-    except ValueError:
-        limits = {"": 0}
-    if not set(limits) <= set(PARTS) or min(limits.values(), default=1) <= 0:
-        print(f"--limits {args.limits!r}: expected PART=SECONDS,... with PART one of {PARTS} and SECONDS > 0",
-              file=sys.stderr)
-        return 3
-    LIMITS.update(limits)
-    if args.workers < 0 or (args.workers and _version("pytest-xdist") is None):
-        print(f"--workers {args.workers}: expected 0 (one process) or more workers with pytest-xdist installed "
-              f"(pytest-xdist: {_version('pytest-xdist') or 'missing'})", file=sys.stderr)
-        return 3
+    LIMITS.update(args.limits)
     args.outdir.mkdir(parents=True, exist_ok=True)
     env = environment()
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": env, "parts": {}}

@@ -100,7 +100,8 @@ def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Sourc
     """``row -> what builds its source``: the Hugging Face families (keys ``names``: only those), or the timm
     support table's rows (modules ``names``: only those; instead of a source, why not where the row's attention is
     not switched), keyed as the tables show them."""
-    known = [fam.key for fam in hf_support.FAMILIES] if kind == "hf" else sorted(timm_support.model_modules())
+    modules = timm_support.model_modules() if kind == "timm" else {}
+    known = [fam.key for fam in hf_support.FAMILIES] if kind == "hf" else sorted(modules)
     unknown = [name for name in names if name not in known]
     if unknown:
         hints = [
@@ -116,8 +117,8 @@ def rows_to_measure(kind: str, names: list[str]) -> dict[str, Callable[[], Sourc
             for fam in hf_support.FAMILIES
             if not names or fam.key in names
         }
-    rows, modules = {}, timm_support.model_modules()
-    for family in names or sorted(modules):
+    rows = {}
+    for family in names or known:
         candidates = [(timm_support.smallest(modules[family]), {})]
         candidates += [(name, kwargs) for module, name, kwargs in timm_support.VARIANTS if module == family]
         for name, kwargs in candidates:
